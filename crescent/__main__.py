@@ -1,0 +1,3 @@
+from crescent.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""The ``crescent`` command line: one sub-command per verb, each importing only what it needs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from crescent import generate
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Reports a bad argument as a single line on stderr with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _OneLineParser(prog="crescent", description="Crescent: KV-cache-centric LLM serving")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
+    generate.add_arguments(sub.add_parser("generate", help="generate text with the local engine"))
+    up = sub.add_parser("up", help="run the whole stack on this machine")
+    up.add_argument("--port", type=int, default=8000)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "generate":
+        return generate.run(args)
+    if args.command == "up":
+        sys.stderr.write(
+            "crescent up: the serving stack (gateway, scheduler, prefill, decode) is not built "
+            "yet; use `crescent generate` to run the engine locally.\n"
+        )
+        return 1
+    return 2

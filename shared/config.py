@@ -1,0 +1,31 @@
+"""Settings read from the environment (every option is a ``CRESCENT_*`` variable)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_cache_dir() -> Path:
+    return Path.home() / ".cache" / "crescent"
+
+
+class EngineSettings(BaseSettings):
+    """Model and engine options of a process that runs the model (prefill, decode, the CLI)."""
+
+    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
+
+    model: str | None = Field(
+        default=None, description="A .gguf file or a Hugging Face folder; default: SmolLM2-135M"
+    )
+    cache_dir: Path = Field(default_factory=_default_cache_dir, description="Converted weights")
+    block_size: int = Field(default=32, ge=1, le=1024, description="Tokens per KV block")
+    kv_cache_mb: int = Field(default=1024, ge=1, description="Memory for this node's KV pool")
+    max_num_seqs: int = Field(default=64, ge=1, description="Sequences in one batch at most")
+    max_num_batched_tokens: int = Field(default=2048, ge=1, description="Tokens per forward")
+    max_model_len: int | None = Field(default=None, ge=1, description="Context cap; default: model's")
+    device: str = Field(default="auto", description="cpu, cuda, cuda:N or auto")
+    dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
+    enable_prefix_caching: bool = True

@@ -1,0 +1,179 @@
+"""The engine loop: requests in, one scheduled step at a time, token outputs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.engine.config import EngineConfig
+from shared.engine.kv_manager import KVCacheManager
+from shared.engine.runner import ModelRunner
+from shared.engine.scheduler import Scheduler, SchedulerOutput
+from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
+from shared.errors import InvalidRequestError, PromptTooLongError
+from shared.kv.hashing import BlockHash, root_hash
+from shared.kv.pool import BlockPool
+from shared.model.sampler import SampledToken, TokenLogprobs
+from shared.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    output_token_ids: list[int]
+    num_prompt_tokens: int
+    num_cached_tokens: int
+    finished: bool
+    finish_reason: FinishReason | None = None
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Running totals since start; the basis of the engine's metrics."""
+
+    steps: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0
+    output_tokens: int = 0
+    preemptions: int = 0
+
+
+class LLMEngine:
+    """Owns the scheduler, the KV cache manager and the model runner, and the requests in
+    flight. Not thread-safe: one thread drives ``step``; requests are added between steps."""
+
+    def __init__(self, runner: ModelRunner, config: EngineConfig, model_id: str):
+        self.config = config
+        self.runner = runner
+        self.model_id = model_id
+        self.pool = BlockPool(config.num_kv_blocks)
+        self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self.eos_token_ids = frozenset(config.eos_token_ids)
+        self.stats = EngineStats()
+        self._sequences: dict[str, Sequence] = {}
+        self._roots: dict[bytes, BlockHash] = {}
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        cache_salt: bytes = b"",
+    ) -> None:
+        """Queues a request; raises ``InvalidRequestError`` if it can never be served."""
+        if request_id in self._sequences:
+            raise InvalidRequestError(f"request id {request_id!r} is already in flight", "request_id")
+        self._check_fits(prompt_token_ids, params)
+        seq = Sequence(request_id, list(prompt_token_ids), params, self._root(cache_salt))
+        self._sequences[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        """Drops a request and frees its blocks; False if it was not in flight."""
+        seq = self._sequences.pop(request_id, None)
+        if seq is None:
+            return False
+        self.scheduler.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = FinishReason.ABORT
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._sequences)
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one batch through the model and returns the requests that got a token."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty():
+            return []
+        sampled = self.runner.execute(plan)
+        self._advance(plan)
+        self.stats.steps += 1
+        self.stats.preemptions += len(plan.preempted)
+        return [self._append(seq, token) for seq, token in sampled]
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
+        """Convenience for scripts and tests: runs prompts to completion as one batch."""
+        ids = [f"gen-{id(self)}-{i}" for i in range(len(prompts))]
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            self.add_request(request_id, prompt, params)
+        final: dict[str, RequestOutput] = {}
+        while self.has_unfinished_requests():
+            for out in self.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in ids]
+
+    def _advance(self, plan: SchedulerOutput) -> None:
+        for chunk in plan.chunks:
+            seq = chunk.seq
+            start = seq.num_computed_tokens
+            prompt_part = max(0, min(seq.num_prompt_tokens, start + chunk.num_new) - start)
+            seq.num_prompt_tokens_computed += prompt_part
+            self.stats.prompt_tokens_computed += prompt_part
+            seq.num_computed_tokens += chunk.num_new
+            self.kv.cache_computed_blocks(seq)
+
+    def _append(self, seq: Sequence, sampled: SampledToken) -> RequestOutput:
+        if seq.num_output_tokens == 0:
+            self.stats.prompt_tokens_cached += max(seq.num_cached_tokens, 0)
+        seq.token_ids.append(sampled.token_id)
+        if sampled.logprobs is not None:
+            seq.output_logprobs.append(sampled.logprobs)
+        self.stats.output_tokens += 1
+        reason = self._finish_reason(seq, sampled.token_id)
+        if reason is not None:
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = reason
+            self.scheduler.remove(seq)
+            del self._sequences[seq.request_id]
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=[sampled.token_id],
+            output_token_ids=seq.output_token_ids,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=max(seq.num_cached_tokens, 0),
+            finished=reason is not None,
+            finish_reason=reason,
+            new_logprobs=[sampled.logprobs] if sampled.logprobs is not None else [],
+        )
+
+    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
+        p = seq.params
+        if not p.ignore_eos and token in self.eos_token_ids:
+            return FinishReason.STOP
+        if token in p.stop_token_ids:
+            return FinishReason.STOP
+        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _check_fits(self, prompt: list[int], params: SamplingParams) -> None:
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty", "prompt")
+        vocab = self.runner.model.config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        if len(prompt) + params.max_tokens > self.config.max_model_len:
+            raise PromptTooLongError(len(prompt), params.max_tokens, self.config.max_model_len)
+        blocks = -(-(len(prompt) + params.max_tokens) // self.config.block_size)
+        if blocks > self.config.num_kv_blocks:
+            raise InvalidRequestError(
+                f"the request needs {blocks} KV blocks but this node has only "
+                f"{self.config.num_kv_blocks}", "max_tokens"
+            )
+
+    def _root(self, cache_salt: bytes) -> BlockHash:
+        root = self._roots.get(cache_salt)
+        if root is None:
+            root = root_hash(self.model_id, self.config.block_size, self.config.kv_dtype, cache_salt)
+            self._roots[cache_salt] = root
+        return root

@@ -1,0 +1,69 @@
+"""Builds a ready engine and tokenizer from settings: the one place that loads a model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.config import EngineSettings
+from shared.engine.config import EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.engine.runner import ModelRunner
+from shared.kv.layout import KVLayout, num_blocks_for_bytes
+from shared.model.kv_cache import PagedKVCache, torch_dtype
+from shared.model.llama import build_model
+from shared.model.loader import ModelFiles, load_state_dict, resolve_model
+from shared.model.tokenizer import Tokenizer
+
+
+@dataclass(slots=True)
+class LoadedEngine:
+    engine: LLMEngine
+    tokenizer: Tokenizer
+    files: ModelFiles
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def pick_dtype(name: str, device: torch.device) -> str:
+    """fp32 on CPU (bf16 matmuls are emulated and several times slower there); on CUDA bf16
+    where the GPU supports it, else fp16."""
+    if name != "auto":
+        torch_dtype(name)
+        return name
+    if device.type != "cuda":
+        return "float32"
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+
+
+def load_engine(settings: EngineSettings) -> LoadedEngine:
+    files = resolve_model(settings.model, settings.cache_dir)
+    device = pick_device(settings.device)
+    dtype = pick_dtype(settings.dtype, device)
+    config = files.config
+    model = build_model(config, load_state_dict(files), device, torch_dtype(dtype))
+    tokenizer = Tokenizer.from_dir(files.path)
+    layout = KVLayout.for_model(config, settings.block_size, dtype)
+    num_blocks = max(1, num_blocks_for_bytes(layout, settings.kv_cache_mb * 2**20))
+    max_len = min(settings.max_model_len or config.max_position_embeddings,
+                  config.max_position_embeddings)
+    eos = set(config.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    engine_config = EngineConfig(
+        block_size=settings.block_size,
+        num_kv_blocks=num_blocks,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        max_model_len=max_len,
+        enable_prefix_caching=settings.enable_prefix_caching,
+        kv_dtype=dtype,
+        eos_token_ids=tuple(sorted(eos)),
+    )
+    runner = ModelRunner(model, PagedKVCache(layout, num_blocks, device))
+    return LoadedEngine(LLMEngine(runner, engine_config, config.model_id), tokenizer, files)

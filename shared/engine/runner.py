@@ -1,0 +1,105 @@
+"""Runs one scheduled step through the model: packs the batch, forwards it, samples."""
+
+from __future__ import annotations
+
+import torch
+
+from shared.engine.scheduler import SchedulerOutput
+from shared.engine.sequence import Sequence
+from shared.model.attention import AttentionMetadata, PrefillChunk
+from shared.model.kv_cache import PagedKVCache
+from shared.model.llama import LlamaForCausalLM
+from shared.model.sampler import SampledToken, Sampler
+
+
+class ModelRunner:
+    """Owns the model, its paged KV tensor and the sampler; knows nothing of scheduling.
+
+    Synchronous and blocking by design: a service hosting it calls ``execute`` from a worker
+    thread so its event loop stays free.
+    """
+
+    def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache):
+        self.model = model
+        self.cache = cache
+        self.block_size = cache.layout.block_size
+        self.device = cache.tensor.device
+        self.sampler = Sampler()
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput) -> list[tuple[Sequence, SampledToken]]:
+        """Computes the step's tokens and samples one token for each sequence that reached the
+        end of its known tokens; returns those sequences with their tokens, in batch order."""
+        input_ids, positions, meta, sample_rows = self._prepare(step)
+        hidden = self.model(input_ids, positions, self.cache, meta)
+        samplers = [c.seq for c in step.chunks if c.reaches_end]
+        if not samplers:
+            return []
+        logits = self.model.compute_logits(hidden[sample_rows])
+        for seq in samplers:
+            if seq.generator is None and not seq.params.greedy:
+                seq.generator = _make_generator(seq.params.seed, self.device)
+        tokens = self.sampler.sample(
+            logits, [s.params for s in samplers], [s.generator for s in samplers]
+        )
+        return list(zip(samplers, tokens, strict=True))
+
+    def _prepare(
+        self, step: SchedulerOutput
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        ids: list[int] = []
+        pos: list[int] = []
+        block_ids: list[int] = []
+        sample_rows: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillChunk] = []
+        bs = self.block_size
+        for chunk in step.chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            end = start + chunk.num_new
+            row = len(ids)
+            ids.extend(seq.token_ids[start:end])
+            pos.extend(range(start, end))
+            table = [b.block_id for b in seq.block_table]
+            block_ids.extend(table[p // bs] for p in range(start, end))
+            if chunk.reaches_end:
+                sample_rows.append(row + chunk.num_new - 1)
+            if chunk.num_new == 1:
+                decode_tables.append(table[: -(-end // bs)])
+                decode_lens.append(end)
+            else:
+                table_t = torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=self.device)
+                prefills.append(PrefillChunk(row, chunk.num_new, end, table_t))
+        positions = torch.tensor(pos, dtype=torch.long, device=self.device)
+        meta = AttentionMetadata(
+            slot_block_ids=torch.tensor(block_ids, dtype=torch.long, device=self.device),
+            slot_offsets=positions % bs,
+            num_decode=len(decode_tables),
+            prefills=prefills,
+        )
+        if decode_tables:
+            meta.decode_block_tables, meta.decode_mask = self._decode_tables(decode_tables, decode_lens)
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        return input_ids, positions, meta, rows
+
+    def _decode_tables(
+        self, tables: list[list[int]], lens: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        block_tables = torch.tensor(padded, dtype=torch.long, device=self.device)
+        span = torch.arange(width * self.block_size, device=self.device)
+        lens_t = torch.tensor(lens, dtype=torch.long, device=self.device)
+        mask = span.unsqueeze(0) < lens_t.unsqueeze(1)
+        return block_tables, mask.view(len(tables), 1, 1, -1)
+
+
+def _make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen

@@ -1,0 +1,121 @@
+"""Decides, step by step, which sequences run and how many of their tokens are computed."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from shared.engine.kv_manager import KVCacheManager
+from shared.engine.sequence import Sequence, SequenceStatus
+from shared.kv.pool import KVBlock
+
+
+@dataclass(slots=True)
+class ScheduledChunk:
+    """``num_new`` tokens of ``seq`` starting at ``seq.num_computed_tokens``."""
+
+    seq: Sequence
+    num_new: int
+
+    @property
+    def reaches_end(self) -> bool:
+        """True when this chunk computes the sequence's last known token, so it samples."""
+        return self.seq.num_computed_tokens + self.num_new == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step's work: single-token chunks first (decodes), then longer prompt chunks."""
+
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(c.num_new for c in self.chunks)
+
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+class Scheduler:
+    """Owns the waiting queue and the running list.
+
+    Each step gives every running sequence its next tokens first (one for a decode, the rest
+    of its prompt for a chunked prefill), then admits waiting sequences while the token
+    budget, the sequence cap and the pool allow. When a running sequence cannot get a block,
+    the most recently admitted one is preempted: its blocks go back to the pool (and stay in
+    the prefix cache), and it is recomputed later from its tokens.
+    """
+
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.max_num_batched_tokens)
+        if not out.preempted:
+            self._admit_waiting(out, budget)
+        out.chunks.sort(key=lambda c: c.num_new != 1)
+        return out
+
+    def remove(self, seq: Sequence) -> None:
+        """Takes a finished or aborted sequence out and returns its blocks to the pool."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.kv.free(seq)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING or budget == 0:
+                continue
+            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self.kv.allocate(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim, out)
+                if victim is seq:
+                    break
+            else:
+                out.chunks.append(ScheduledChunk(seq, num_new))
+                budget -= num_new
+        return budget
+
+    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            cached: list[KVBlock] = []
+            if seq.num_computed_tokens == 0:
+                cached = self.kv.find_cached_prefix(seq)
+            num_computed = seq.num_computed_tokens + len(cached) * self.kv.block_size
+            num_new = min(seq.num_tokens - num_computed, budget)
+            if not self.kv.allocate(seq, num_new + len(cached) * self.kv.block_size, cached):
+                break
+            if seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = len(cached) * self.kv.block_size
+            seq.num_computed_tokens = num_computed
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.chunks.append(ScheduledChunk(seq, num_new))
+            budget -= num_new
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+        out.chunks = [c for c in out.chunks if c.seq is not seq]

@@ -1,0 +1,78 @@
+"""One request's state inside the engine: its tokens, its blocks and how far it is computed."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shared.kv.hashing import BlockHash
+from shared.kv.pool import KVBlock
+from shared.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+    from shared.model.sampler import TokenLogprobs
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence or stop token
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # the caller gave up on it
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Owns the token ids (prompt then output), the block table and the compute progress.
+
+    Invariants: ``num_computed_tokens <= len(token_ids)``; ``block_table`` covers at least
+    ``num_computed_tokens`` tokens; ``block_hashes[i]`` is the chained hash of block ``i`` of
+    ``token_ids`` and exists only for full blocks.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    root_hash: BlockHash
+    token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    block_table: list[KVBlock] = field(default_factory=list)
+    block_hashes: list[BlockHash] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prompt tokens reused from the prefix cache; -1: not looked up
+    num_prompt_tokens_computed: int = 0
+    num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
+    finish_reason: FinishReason | None = None
+    generator: torch.Generator | None = None
+    output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,68 @@
+"""The paged KV tensor: every block slot of a node's pool, in one preallocated torch tensor."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from shared.kv.layout import KVLayout
+
+_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a KV dtype name such as ``"float32"``."""
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_TORCH_DTYPES)}") from None
+
+
+class PagedKVCache:
+    """Owns the storage of ``num_blocks`` KV blocks laid out as ``KVLayout`` describes.
+
+    Shape ``[num_blocks, num_layers, 2, block_size, num_kv_heads, head_dim]``: each block's
+    bytes are contiguous, so a block moves between nodes and tiers as one buffer, while a
+    layer's K (or V) over a run of blocks gathers into ``[tokens, heads, dim]`` with one copy.
+    Block ids are the ids of the ``BlockPool`` that decides which slots are in use.
+    """
+
+    def __init__(self, layout: KVLayout, num_blocks: int, device: torch.device | str = "cpu"):
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.tensor = _zeros((num_blocks, *layout.block_shape), torch_dtype(layout.dtype), device)
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """K of one layer for every block: a strided view ``[blocks, block_size, heads, dim]``."""
+        return self.tensor[:, layer, 0]
+
+    def values(self, layer: int) -> torch.Tensor:
+        """V of one layer for every block: a strided view ``[blocks, block_size, heads, dim]``."""
+        return self.tensor[:, layer, 1]
+
+    def block(self, block_id: int) -> torch.Tensor:
+        """The contiguous storage of one block (a view; writes go to the cache)."""
+        return self.tensor[block_id]
+
+    def read_block_bytes(self, block_id: int) -> bytes:
+        """A copy of one block's bytes, e.g. to ship to a peer or a lower tier."""
+        return self.block(block_id).cpu().view(torch.uint8).numpy().tobytes()
+
+    def write_block_bytes(self, block_id: int, data: bytes | bytearray | memoryview) -> None:
+        """Fills one block from bytes produced by ``read_block_bytes`` of the same layout."""
+        if len(data) != self.layout.block_bytes:
+            raise ValueError(f"block payload is {len(data)} bytes, expected {self.layout.block_bytes}")
+        src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self.block(block_id).view(torch.uint8).view(-1).copy_(src)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Zero-filled storage. On the CPU it comes from calloc, so pages are only touched (and
+    paid for) when a block is first written, instead of all at start-up."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(nbytes, dtype=np.uint8))
+    return raw.view(dtype).view(shape)

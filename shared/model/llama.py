@@ -1,0 +1,205 @@
+"""A Llama-family decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a paged KV cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shared.model.attention import AttentionMetadata, paged_attention
+from shared.model.config import ModelConfig
+from shared.model.kv_cache import PagedKVCache
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32 whatever the weights' dtype, as Llama was trained."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed cos/sin of every position up to the model's context, in fp32."""
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        super().__init__()
+        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        positions = torch.arange(max_positions, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        angles = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, d]
+        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Q, K and V in one fused projection; attention itself is the paged kernel."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.layer = layer
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        q, k = rope(q, k, positions)
+        out = paged_attention(q, k, v, self.layer, cache, meta)
+        return self.o_proj(out.reshape(t, self.q_size))
+
+
+class LlamaMLP(nn.Module):
+    """SwiGLU feed-forward with the gate and up projections fused into one matmul."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.intermediate = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention block followed by a pre-norm MLP block, each with a residual."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = LlamaAttention(config, layer)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = LlamaMLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rope: RotaryEmbedding,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """The whole decoder: embeddings, layers, final norm and the (possibly tied) output head.
+
+    ``forward`` maps a packed batch of new tokens to hidden states and writes their K/V into
+    the paged cache; ``compute_logits`` is applied only to the rows that need a next token.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rope = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta
+        )
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PagedKVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        for layer in self.layers:
+            x = layer(x, positions, self.rope, cache, meta)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+
+def build_model(
+    config: ModelConfig,
+    weights: dict[str, torch.Tensor],
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> LlamaForCausalLM:
+    """A ready-to-run model from Hugging Face-named weights, without a throwaway random init."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    fused = {k: v.to(device=device, dtype=dtype) for k, v in _fuse_hf_weights(weights, config).items()}
+    expected = model.state_dict()
+    for name, tensor in fused.items():
+        if name not in expected:
+            raise ValueError(f"unexpected weight {name!r}")
+        if expected[name].shape != tensor.shape:
+            raise ValueError(
+                f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
+            )
+    required = set(expected) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    missing = required - set(fused)
+    if missing:
+        raise ValueError(f"missing weights: {sorted(missing)[:5]}")
+    model.load_state_dict(fused, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # Buffers made on the meta device hold no values: compute the rotary tables for real.
+    model.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+    model.rope.to(device)
+    return model.eval()
+
+
+def _fuse_hf_weights(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in weights.items():
+        if name.endswith("rotary_emb.inv_freq"):
+            continue
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        out[name.removeprefix("model.")] = tensor
+    for i in range(config.num_layers):
+        attn, mlp = f"layers.{i}.self_attn", f"layers.{i}.mlp"
+        out[f"{attn}.qkv_proj.weight"] = torch.cat(
+            [out.pop(f"{attn}.{p}_proj.weight") for p in ("q", "k", "v")]
+        )
+        out[f"{mlp}.gate_up_proj.weight"] = torch.cat(
+            [out.pop(f"{mlp}.{p}_proj.weight") for p in ("gate", "up")]
+        )
+    return out

@@ -1,0 +1,241 @@
+"""Model resolution, GGUF conversion and weight loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from shared.errors import ModelNotFoundError
+from shared.model import gguf_convert, loader
+from shared.model.config import ModelConfig
+from shared.model.loader import ModelFiles, load_state_dict, resolve_model
+from shared.model.tokenizer import Tokenizer
+
+TINY = ModelConfig(
+    model_id="tiny",
+    vocab_size=64,
+    hidden_size=16,
+    intermediate_size=32,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=4,
+    max_position_embeddings=128,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_ids=(2,),
+)
+
+
+def _tiny_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
+        "model.norm.weight": (c.hidden_size,),
+        "lm_head.weight": (c.vocab_size, c.hidden_size),
+    }
+    for i in range(c.num_layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, c.hidden_size),
+            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
+            p + "self_attn.o_proj.weight": (c.hidden_size, q),
+            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
+            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
+            p + "input_layernorm.weight": (c.hidden_size,),
+            p + "post_attention_layernorm.weight": (c.hidden_size,),
+        }
+    return shapes
+
+
+def test_default_model_converts_into_cache(model_files: ModelFiles, cache_dir: Path) -> None:
+    assert model_files.path.parent == cache_dir / "models"
+    assert model_files.path.name.startswith("SmolLM2-135M-Instruct.Q4_1-")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert (model_files.path / name).is_file(), name
+    tok_config = json.loads((model_files.path / "tokenizer_config.json").read_text())
+    assert (model_files.path / "chat_template.jinja").is_file() or tok_config.get("chat_template")
+    assert not [p for p in (cache_dir / "models").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_config_from_gguf_metadata(model_files: ModelFiles) -> None:
+    c = model_files.config
+    assert (c.num_layers, c.hidden_size, c.intermediate_size) == (30, 576, 1536)
+    assert (c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size) == (9, 3, 64, 49152)
+    assert c.rope_theta == 100000.0 and c.rms_norm_eps == pytest.approx(1e-5)
+    assert c.max_position_embeddings == 8192 and c.tie_word_embeddings
+    assert c.bos_token_id == 1 and c.eos_token_ids == (2,)
+    assert c.model_id
+
+
+def test_second_resolve_reuses_the_conversion(
+    model_files: ModelFiles, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    weights = model_files.path / "model.safetensors"
+    before = (model_files.path.stat().st_mtime_ns, weights.stat().st_mtime_ns)
+
+    def no_conversion(source: Path, out_dir: Path) -> ModelConfig:
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", no_conversion)
+    again = resolve_model(None, cache_dir)
+    assert again == model_files
+    assert (again.path.stat().st_mtime_ns, weights.stat().st_mtime_ns) == before
+
+
+def test_smollm2_state_dict(model_files: ModelFiles) -> None:
+    state = load_state_dict(model_files)
+    assert "lm_head.weight" not in state
+    assert state["model.embed_tokens.weight"].shape == (49152, 576)
+    assert state["model.layers.0.self_attn.q_proj.weight"].shape == (576, 576)
+    assert state["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
+    assert state["model.layers.29.mlp.down_proj.weight"].shape == (576, 1536)
+    layers = {int(k.split(".")[2]) for k in state if k.startswith("model.layers.")}
+    assert layers == set(range(30))
+    assert len(state) == 2 + 30 * 9
+    assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
+
+
+@pytest.mark.slow
+def test_weights_equal_transformers(model_files: ModelFiles, hf_model: Any) -> None:
+    ours = load_state_dict(model_files)
+    theirs = hf_model.state_dict()
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    for layer in (0, 1, 15, 29):
+        names += [k for k in ours if k.startswith(f"model.layers.{layer}.")]
+    assert len(names) == 2 + 4 * 9
+    for name in names:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+def test_startup_load_is_fast(model_files: ModelFiles) -> None:
+    start = time.perf_counter()
+    tokenizer = Tokenizer.from_dir(model_files.path)
+    tok_s = time.perf_counter() - start
+    state = load_state_dict(model_files)
+    # Touch every weight so lazily mapped files are really read.
+    total = sum(float(t.sum()) for t in state.values())
+    all_s = time.perf_counter() - start
+    print(f"tokenizer {tok_s:.2f}s, tokenizer + weights {all_s:.2f}s")
+    assert tokenizer.vocab_size == 49152 and total == total
+    assert all_s < 5.0
+
+
+def test_missing_path_raises(tmp_path: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="does-not-exist"):
+        resolve_model(tmp_path / "does-not-exist", tmp_path / "cache")
+
+
+def test_folder_without_config_raises(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    with pytest.raises(ModelNotFoundError, match="config.json"):
+        resolve_model(tmp_path / "model", tmp_path / "cache")
+
+
+def test_file_that_is_not_gguf_raises(tmp_path: Path) -> None:
+    bogus = tmp_path / "model.gguf"
+    bogus.write_bytes(b"not a gguf file")
+    with pytest.raises(ModelNotFoundError, match="model.gguf"):
+        resolve_model(bogus, tmp_path / "cache")
+
+
+def _write_tiny_folder(folder: Path) -> dict[str, torch.Tensor]:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
+    gen = torch.Generator().manual_seed(0)
+    tensors = {k: torch.randn(s, generator=gen) for k, s in _tiny_shapes(TINY).items()}
+    names = sorted(tensors)
+    half = len(names) // 2
+    # Two shards, one stored in bf16, plus a buffer loaders must skip.
+    first = {k: tensors[k] for k in names[:half]}
+    second = {k: tensors[k].to(torch.bfloat16) for k in names[half:]}
+    second["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(2)
+    save_file(first, str(folder / "model-00001-of-00002.safetensors"))
+    save_file(second, str(folder / "model-00002-of-00002.safetensors"))
+    return tensors
+
+
+def test_tiny_hf_folder_loads(tmp_path: Path) -> None:
+    tensors = _write_tiny_folder(tmp_path / "tiny-llama")
+    files = resolve_model(str(tmp_path / "tiny-llama"), tmp_path / "cache")
+    assert files.path == tmp_path / "tiny-llama"
+    assert files.config == dataclasses.replace(TINY, model_id="tiny-llama")
+    state = load_state_dict(files)
+    assert set(state) == set(tensors)
+    for name, tensor in state.items():
+        assert tensor.dtype == torch.float32
+        assert torch.allclose(tensor, tensors[name], rtol=1e-2, atol=1e-2), name
+    assert not (tmp_path / "cache").exists()
+
+
+def _fake_gguf(path: Path) -> Path:
+    path.write_bytes(gguf_convert.GGUF_MAGIC + b"\0" * 16)
+    return path
+
+
+def _fake_conversion(out_dir: Path, model_id: str) -> None:
+    config = {**TINY.to_hf_dict(), gguf_convert.MODEL_ID_KEY: model_id}
+    (out_dir / "config.json").write_text(json.dumps(config))
+    save_file({"model.norm.weight": torch.ones(16)}, str(out_dir / "model.safetensors"))
+
+
+def test_losing_a_conversion_race_uses_the_winner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _fake_gguf(tmp_path / "race.gguf")
+    cache = tmp_path / "cache"
+    target = cache / "models" / f"race-{loader.cache_key(source)}"
+
+    def convert_while_another_process_wins(src: Path, out_dir: Path) -> ModelConfig:
+        target.mkdir()
+        _fake_conversion(target, "winner")
+        _fake_conversion(out_dir, "loser")
+        return TINY
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", convert_while_another_process_wins)
+    files = resolve_model(source, cache)
+    assert files.path == target and files.config.model_id == "winner"
+    assert [p.name for p in (cache / "models").iterdir()] == [target.name]
+
+
+def test_failed_conversion_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _fake_gguf(tmp_path / "broken.gguf")
+    cache = tmp_path / "cache"
+
+    def failing(src: Path, out_dir: Path) -> ModelConfig:
+        (out_dir / "config.json").write_text("{}")
+        raise ModelNotFoundError("unsupported")
+
+    monkeypatch.setattr(gguf_convert, "convert_gguf", failing)
+    with pytest.raises(ModelNotFoundError):
+        resolve_model(source, cache)
+    assert list((cache / "models").iterdir()) == []
+
+
+def test_changed_gguf_gets_a_new_cache_key(tmp_path: Path) -> None:
+    source = _fake_gguf(tmp_path / "m.gguf")
+    key = loader.cache_key(source)
+    source.write_bytes(gguf_convert.GGUF_MAGIC + b"\1" * 32)
+    assert loader.cache_key(source) != key
+
+
+def test_gguf_names_map_to_hf_names() -> None:
+    assert gguf_convert.hf_tensor_name("blk.7.attn_k.weight") == (
+        "model.layers.7.self_attn.k_proj.weight"
+    )
+    assert gguf_convert.hf_tensor_name("output.weight") == "lm_head.weight"
+    with pytest.raises(ModelNotFoundError):
+        gguf_convert.hf_tensor_name("rope_freqs.weight")

@@ -25,7 +25,9 @@ class EngineSettings(BaseSettings):
     kv_cache_mb: int = Field(default=1024, ge=1, description="Memory for this node's KV pool")
     max_num_seqs: int = Field(default=64, ge=1, description="Sequences in one batch at most")
     max_num_batched_tokens: int = Field(default=2048, ge=1, description="Tokens per forward")
-    max_model_len: int | None = Field(default=None, ge=1, description="Context cap; default: model's")
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Context cap; default: model's"
+    )
     device: str = Field(default="auto", description="cpu, cuda, cuda:N or auto")
     dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
     enable_prefix_caching: bool = True

@@ -23,7 +23,12 @@ class EngineConfig:
     eos_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_kv_blocks", "max_num_seqs", "max_num_batched_tokens",
-                     "max_model_len"):
+        for name in (
+            "block_size",
+            "num_kv_blocks",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "max_model_len",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")

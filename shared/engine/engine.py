@@ -66,7 +66,9 @@ class LLMEngine:
     ) -> None:
         """Queues a request; raises ``InvalidRequestError`` if it can never be served."""
         if request_id in self._sequences:
-            raise InvalidRequestError(f"request id {request_id!r} is already in flight", "request_id")
+            raise InvalidRequestError(
+                f"request id {request_id!r} is already in flight", "request_id"
+            )
         self._check_fits(prompt_token_ids, params)
         seq = Sequence(request_id, list(prompt_token_ids), params, self._root(cache_salt))
         self._sequences[request_id] = seq
@@ -168,12 +170,15 @@ class LLMEngine:
         if blocks > self.config.num_kv_blocks:
             raise InvalidRequestError(
                 f"the request needs {blocks} KV blocks but this node has only "
-                f"{self.config.num_kv_blocks}", "max_tokens"
+                f"{self.config.num_kv_blocks}",
+                "max_tokens",
             )
 
     def _root(self, cache_salt: bytes) -> BlockHash:
         root = self._roots.get(cache_salt)
         if root is None:
-            root = root_hash(self.model_id, self.config.block_size, self.config.kv_dtype, cache_salt)
+            root = root_hash(
+                self.model_id, self.config.block_size, self.config.kv_dtype, cache_salt
+            )
             self._roots[cache_salt] = root
         return root

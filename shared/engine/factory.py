@@ -50,8 +50,9 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
     tokenizer = Tokenizer.from_dir(files.path)
     layout = KVLayout.for_model(config, settings.block_size, dtype)
     num_blocks = max(1, num_blocks_for_bytes(layout, settings.kv_cache_mb * 2**20))
-    max_len = min(settings.max_model_len or config.max_position_embeddings,
-                  config.max_position_embeddings)
+    max_len = min(
+        settings.max_model_len or config.max_position_embeddings, config.max_position_embeddings
+    )
     eos = set(config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)

@@ -37,7 +37,9 @@ class KVCacheManager:
             hits.append(block)
         return hits
 
-    def allocate(self, seq: Sequence, num_new_tokens: int, cached: list[KVBlock] | None = None) -> bool:
+    def allocate(
+        self, seq: Sequence, num_new_tokens: int, cached: list[KVBlock] | None = None
+    ) -> bool:
         """Makes room for ``num_new_tokens`` more computed tokens; False (and no change) if the
         pool cannot supply the blocks. ``cached`` are prefix hits to take a reference on."""
         cached = cached or []
@@ -76,4 +78,6 @@ class KVCacheManager:
         seq.num_published_blocks = 0
 
     def _hash_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        extend_block_hashes(seq.block_hashes, seq.token_ids[:num_tokens], self.block_size, seq.root_hash)
+        extend_block_hashes(
+            seq.block_hashes, seq.token_ids[:num_tokens], self.block_size, seq.root_hash
+        )

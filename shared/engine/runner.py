@@ -79,7 +79,9 @@ class ModelRunner:
             prefills=prefills,
         )
         if decode_tables:
-            meta.decode_block_tables, meta.decode_mask = self._decode_tables(decode_tables, decode_lens)
+            meta.decode_block_tables, meta.decode_mask = self._decode_tables(
+                decode_tables, decode_lens
+            )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return input_ids, positions, meta, rows

@@ -22,7 +22,7 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(enum.StrEnum):
     STOP = "stop"  # an end-of-sequence or stop token
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # the caller gave up on it

@@ -88,7 +88,9 @@ def config_from_gguf(reader: Any, source: Path) -> ModelConfig:
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     names = {t.name for t in reader.tensors}
     return ModelConfig(
-        model_id=str(_field(reader, "general.name") or source.stem),
+        # The file name says which weights and quantization these are; general.name is a
+        # free-form training label that often does not.
+        model_id=source.stem,
         vocab_size=int(vocab if vocab is not None else _embedding_rows(reader)),
         hidden_size=hidden,
         intermediate_size=int(_field(reader, "llama.feed_forward_length")),

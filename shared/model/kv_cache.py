@@ -17,7 +17,9 @@ def torch_dtype(name: str) -> torch.dtype:
     try:
         return _TORCH_DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_TORCH_DTYPES)}") from None
+        raise ValueError(
+            f"unknown dtype {name!r}; expected one of {sorted(_TORCH_DTYPES)}"
+        ) from None
 
 
 class PagedKVCache:
@@ -53,7 +55,9 @@ class PagedKVCache:
     def write_block_bytes(self, block_id: int, data: bytes | bytearray | memoryview) -> None:
         """Fills one block from bytes produced by ``read_block_bytes`` of the same layout."""
         if len(data) != self.layout.block_bytes:
-            raise ValueError(f"block payload is {len(data)} bytes, expected {self.layout.block_bytes}")
+            raise ValueError(
+                f"block payload is {len(data)} bytes, expected {self.layout.block_bytes}"
+            )
         src = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         self.block(block_id).view(torch.uint8).view(-1).copy_(src)
 

@@ -29,9 +29,14 @@ class RMSNorm(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin of every position up to the model's context, in fp32."""
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        inv_freq = 1.0 / (
+            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+        )
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)
@@ -164,15 +169,16 @@ def build_model(
     """A ready-to-run model from Hugging Face-named weights, without a throwaway random init."""
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    fused = {k: v.to(device=device, dtype=dtype) for k, v in _fuse_hf_weights(weights, config).items()}
+    fused = {
+        k: v.to(device=device, dtype=dtype) for k, v in _fuse_hf_weights(weights, config).items()
+    }
     expected = model.state_dict()
     for name, tensor in fused.items():
         if name not in expected:
             raise ValueError(f"unexpected weight {name!r}")
         if expected[name].shape != tensor.shape:
-            raise ValueError(
-                f"weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(expected[name].shape)}"
-            )
+            want = tuple(expected[name].shape)
+            raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {want}")
     required = set(expected) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
     missing = required - set(fused)
     if missing:
@@ -186,7 +192,9 @@ def build_model(
     return model.eval()
 
 
-def _fuse_hf_weights(weights: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+def _fuse_hf_weights(
+    weights: dict[str, torch.Tensor], config: ModelConfig
+) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
         if name.endswith("rotary_emb.inv_freq"):

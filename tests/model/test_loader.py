@@ -139,14 +139,14 @@ def test_missing_path_raises(tmp_path: Path) -> None:
 
 def test_folder_without_config_raises(tmp_path: Path) -> None:
     (tmp_path / "model").mkdir()
-    with pytest.raises(ModelNotFoundError, match="config.json"):
+    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
         resolve_model(tmp_path / "model", tmp_path / "cache")
 
 
 def test_file_that_is_not_gguf_raises(tmp_path: Path) -> None:
     bogus = tmp_path / "model.gguf"
     bogus.write_bytes(b"not a gguf file")
-    with pytest.raises(ModelNotFoundError, match="model.gguf"):
+    with pytest.raises(ModelNotFoundError, match=r"model\.gguf"):
         resolve_model(bogus, tmp_path / "cache")
 
 

@@ -26,6 +26,22 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+class Linear(nn.Module):
+    """A bias-free projection whose weight is stored transposed, ``[in, out]``.
+
+    On CPU, ``x @ W`` with W laid out this way runs up to twice as fast as ``F.linear`` for
+    the few-row inputs of decode steps (measured in bench/engine.py's setting), and no slower
+    for long prefills.
+    """
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(in_features, out_features))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.weight
+
+
 class RotaryEmbedding(nn.Module):
     """Precomputed cos/sin of every position up to the model's context, in fp32."""
 
@@ -67,8 +83,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size)
+        self.o_proj = Linear(self.q_size, config.hidden_size)
 
     def forward(
         self,
@@ -94,8 +110,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -140,9 +156,9 @@ class LlamaForCausalLM(nn.Module):
         self.rope = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta
         )
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        # Tied or not, the head keeps its own transposed copy: the embedding needs rows by
+        # token, the head needs the transpose for fast matmuls.
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
 
     def forward(
         self,
@@ -179,13 +195,10 @@ def build_model(
         if expected[name].shape != tensor.shape:
             want = tuple(expected[name].shape)
             raise ValueError(f"weight {name!r} has shape {tuple(tensor.shape)}, expected {want}")
-    required = set(expected) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
-    missing = required - set(fused)
+    missing = set(expected) - set(fused)
     if missing:
         raise ValueError(f"missing weights: {sorted(missing)[:5]}")
     model.load_state_dict(fused, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
     # Buffers made on the meta device hold no values: compute the rotary tables for real.
     model.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
     model.rope.to(device)
@@ -195,19 +208,24 @@ def build_model(
 def _fuse_hf_weights(
     weights: dict[str, torch.Tensor], config: ModelConfig
 ) -> dict[str, torch.Tensor]:
+    """Hugging Face names and layouts -> this module's: fused and transposed projections."""
     out: dict[str, torch.Tensor] = {}
     for name, tensor in weights.items():
-        if name.endswith("rotary_emb.inv_freq"):
-            continue
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        out[name.removeprefix("model.")] = tensor
+        if not name.endswith("rotary_emb.inv_freq"):
+            out[name.removeprefix("model.")] = tensor
+    head = out.pop("lm_head.weight", None)
+    if config.tie_word_embeddings:
+        head = out.get("embed_tokens.weight")
+    if head is not None:
+        out["lm_head.weight"] = head.t().contiguous()
     for i in range(config.num_layers):
         attn, mlp = f"layers.{i}.self_attn", f"layers.{i}.mlp"
-        out[f"{attn}.qkv_proj.weight"] = torch.cat(
-            [out.pop(f"{attn}.{p}_proj.weight") for p in ("q", "k", "v")]
-        )
-        out[f"{mlp}.gate_up_proj.weight"] = torch.cat(
-            [out.pop(f"{mlp}.{p}_proj.weight") for p in ("gate", "up")]
-        )
+        out[f"{attn}.qkv_proj.weight"] = _stack_t(out, attn, ("q", "k", "v"))
+        out[f"{attn}.o_proj.weight"] = out.pop(f"{attn}.o_proj.weight").t().contiguous()
+        out[f"{mlp}.gate_up_proj.weight"] = _stack_t(out, mlp, ("gate", "up"))
+        out[f"{mlp}.down_proj.weight"] = out.pop(f"{mlp}.down_proj.weight").t().contiguous()
     return out
+
+
+def _stack_t(weights: dict[str, torch.Tensor], prefix: str, parts: tuple[str, ...]) -> torch.Tensor:
+    return torch.cat([weights.pop(f"{prefix}.{p}_proj.weight") for p in parts]).t().contiguous()

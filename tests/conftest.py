@@ -1,0 +1,88 @@
+"""Session fixtures: the converted default model, our tokenizer and the transformers oracle."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.engine.config import EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.engine.runner import ModelRunner
+from shared.kv.layout import KVLayout
+from shared.model.kv_cache import PagedKVCache
+from shared.model.llama import LlamaForCausalLM, build_model
+from shared.model.loader import ModelFiles, default_model_file, load_state_dict, resolve_model
+from shared.model.tokenizer import Tokenizer
+
+# The oracle must never try to reach the hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def cache_dir() -> Path:
+    """Shared across runs so the one-time GGUF conversion is paid once."""
+    env = os.environ.get("CRESCENT_CACHE_DIR")
+    return Path(env) if env else REPO_ROOT / ".crescent" / "cache"
+
+
+@pytest.fixture(scope="session")
+def model_files(cache_dir: Path) -> ModelFiles:
+    return resolve_model(None, cache_dir)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_files: ModelFiles) -> Tokenizer:
+    return Tokenizer.from_dir(model_files.path)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    gguf = default_model_file()
+    return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = default_model_file()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def model(model_files: ModelFiles) -> LlamaForCausalLM:
+    """The real model, loaded once per test session and shared by every engine."""
+    return build_model(model_files.config, load_state_dict(model_files))
+
+
+RealEngineFactory = Callable[..., LLMEngine]
+
+
+@pytest.fixture(scope="session")
+def make_real_engine(model: LlamaForCausalLM, model_files: ModelFiles) -> RealEngineFactory:
+    """A fresh engine (its own empty KV pool and prefix cache) around the shared model."""
+
+    def make(**overrides: Any) -> LLMEngine:
+        settings: dict[str, Any] = {
+            "num_kv_blocks": 160,
+            "max_model_len": model_files.config.max_position_embeddings,
+            "eos_token_ids": model_files.config.eos_token_ids,
+        }
+        config = EngineConfig(**(settings | overrides))
+        layout = KVLayout.for_model(model_files.config, config.block_size, "float32")
+        runner = ModelRunner(model, PagedKVCache(layout, config.num_kv_blocks))
+        return LLMEngine(runner, config, model_files.config.model_id)
+
+    return make

@@ -49,7 +49,7 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         ids: list[int] = []
         pos: list[int] = []
-        block_ids: list[int] = []
+        slot_blocks: list[int] = []
         sample_rows: list[int] = []
         decode_tables: list[list[int]] = []
         decode_lens: list[int] = []
@@ -61,41 +61,40 @@ class ModelRunner:
             row = len(ids)
             ids.extend(seq.token_ids[start:end])
             pos.extend(range(start, end))
-            table = [b.block_id for b in seq.block_table]
-            block_ids.extend(table[p // bs] for p in range(start, end))
+            table = [b.block_id for b in seq.block_table[: -(-end // bs)]]
+            slot_blocks.extend(table[p // bs] for p in range(start, end))
             if chunk.reaches_end:
                 sample_rows.append(row + chunk.num_new - 1)
             if chunk.num_new == 1:
-                decode_tables.append(table[: -(-end // bs)])
+                decode_tables.append(table)
                 decode_lens.append(end)
             else:
-                table_t = torch.tensor(table[: -(-end // bs)], dtype=torch.long, device=self.device)
-                prefills.append(PrefillChunk(row, chunk.num_new, end, table_t))
+                chunks = self.cache.block_chunks(torch.tensor(table, dtype=torch.long))
+                prefills.append(PrefillChunk(row, chunk.num_new, end, chunks.to(self.device)))
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
+        blocks = torch.tensor(slot_blocks, dtype=torch.long, device=self.device)
         meta = AttentionMetadata(
-            slot_block_ids=torch.tensor(block_ids, dtype=torch.long, device=self.device),
-            slot_offsets=positions % bs,
+            slot_rows=self.cache.token_rows(blocks, positions % bs),
             num_decode=len(decode_tables),
             prefills=prefills,
         )
         if decode_tables:
-            meta.decode_block_tables, meta.decode_mask = self._decode_tables(
-                decode_tables, decode_lens
-            )
+            meta.decode_chunks, meta.decode_mask = self._decode_chunks(decode_tables, decode_lens)
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-        return input_ids, positions, meta, rows
+        rows_t = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        return input_ids, positions, meta, rows_t
 
-    def _decode_tables(
+    def _decode_chunks(
         self, tables: list[list[int]], lens: list[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(len(t) for t in tables)
-        padded = [t + [0] * (width - len(t)) for t in tables]
-        block_tables = torch.tensor(padded, dtype=torch.long, device=self.device)
-        span = torch.arange(width * self.block_size, device=self.device)
+        # Padding points at block 0: any finite data will do, the mask hides it.
+        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+        span = width * self.block_size
         lens_t = torch.tensor(lens, dtype=torch.long, device=self.device)
-        mask = span.unsqueeze(0) < lens_t.unsqueeze(1)
-        return block_tables, mask.view(len(tables), 1, 1, -1)
+        mask = torch.arange(span, device=self.device).unsqueeze(0) < lens_t.unsqueeze(1)
+        chunks = self.cache.block_chunks(padded).to(self.device)
+        return chunks, mask.view(len(tables), 1, 1, span)
 
 
 def _make_generator(seed: int | None, device: torch.device) -> torch.Generator:

@@ -4,6 +4,11 @@ A forward pass packs the new tokens of many sequences into one ``[T, ...]`` batc
 token for each decoding sequence, then the prompt chunks of the sequences being prefilled.
 Linear layers run on the packed batch; attention splits it into the decode group, attended in
 one padded batch, and one call per prefill chunk.
+
+New K/V are written as rows of ``PagedKVCache.rows`` (one token's heads of one layer's K or V);
+contexts are read as chunks of ``PagedKVCache.chunks`` (one block's tokens of one layer's K or
+V, contiguous). The runner computes layer 0's K row and chunk ids once per step; layer ``l``'s
+are those plus a constant, so each layer writes and reads with one indexed copy each.
 """
 
 from __future__ import annotations
@@ -22,23 +27,23 @@ class PrefillChunk:
 
     ``num_context`` counts every token the chunk attends to, including itself: the tokens
     already in the cache (a reused prefix or earlier chunks) plus ``num_new``.
+    ``context_chunks`` are the layer-0 K chunks of the blocks holding them, in order.
     """
 
     start: int
     num_new: int
     num_context: int
-    block_table: torch.Tensor  # long [num_blocks covering num_context]
+    context_chunks: torch.Tensor  # long [num_blocks]
 
 
 @dataclass(slots=True)
 class AttentionMetadata:
     """Everything attention needs about one packed batch; built once, used by every layer."""
 
-    slot_block_ids: torch.Tensor  # long [T]: block that receives each new token's K/V
-    slot_offsets: torch.Tensor  # long [T]: position inside that block
+    slot_rows: torch.Tensor  # long [T]: layer-0 K row that receives each new token
     num_decode: int = 0
-    decode_block_tables: torch.Tensor | None = None  # long [D, max_blocks]
-    decode_mask: torch.Tensor | None = None  # bool [D, 1, 1, max_blocks * block_size]
+    decode_chunks: torch.Tensor | None = None  # long [D, nb]: context chunks, padded
+    decode_mask: torch.Tensor | None = None  # bool [D, 1, 1, S]
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -54,59 +59,60 @@ def paged_attention(
 
     Shapes: q ``[T, heads, dim]``, k and v ``[T, kv_heads, dim]``; returns ``[T, heads, dim]``.
     """
-    k_cache, v_cache = cache.keys(layer), cache.values(layer)
-    k_cache[meta.slot_block_ids, meta.slot_offsets] = k
-    v_cache[meta.slot_block_ids, meta.slot_offsets] = v
+    t, kv_heads, dim = k.shape
+    k_row, v_row = cache.layer_row_offsets(layer)
+    cache.rows.index_copy_(0, meta.slot_rows + k_row, k.reshape(t, -1))
+    cache.rows.index_copy_(0, meta.slot_rows + v_row, v.reshape(t, -1))
+    k_chunk, v_chunk = cache.layer_chunk_offsets(layer)
+
+    def gather(chunk_ids: torch.Tensor, offset: int) -> torch.Tensor:
+        """``[B, nb]`` chunk ids -> ``[B, kv_heads, nb * block_size, dim]``, one copy."""
+        g = cache.chunks.index_select(0, (chunk_ids + offset).flatten())
+        return g.view(chunk_ids.shape[0], -1, kv_heads, dim).transpose(1, 2)
+
     out = torch.empty_like(q)
     if meta.num_decode:
-        out[: meta.num_decode] = _decode_attention(q[: meta.num_decode], k_cache, v_cache, meta)
+        assert meta.decode_chunks is not None and meta.decode_mask is not None
+        d = meta.num_decode
+        keys, values = gather(meta.decode_chunks, k_chunk), gather(meta.decode_chunks, v_chunk)
+        out[:d] = _decode_attention(q[:d], keys, values, meta.decode_mask)
     for chunk in meta.prefills:
-        rows = slice(chunk.start, chunk.start + chunk.num_new)
-        out[rows] = _prefill_attention(q[rows], k[rows], v[rows], k_cache, v_cache, chunk)
+        span = slice(chunk.start, chunk.start + chunk.num_new)
+        if chunk.num_context == chunk.num_new:
+            out[span] = _causal_attention(q[span], k[span], v[span])
+        else:
+            ids = chunk.context_chunks.unsqueeze(0)
+            keys = gather(ids, k_chunk)[:, :, : chunk.num_context]
+            values = gather(ids, v_chunk)[:, :, : chunk.num_context]
+            out[span] = _attention_after_prefix(q[span], keys, values, chunk)
     return out
 
 
-def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """``[B, nb]`` block ids -> ``[B, kv_heads, nb * block_size, dim]`` (one copy)."""
-    g = cache[block_tables]  # [B, nb, bs, kvh, d]
-    b, nb, bs, kvh, d = g.shape
-    return g.view(b, nb * bs, kvh, d).transpose(1, 2)
-
-
 def _decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    assert meta.decode_block_tables is not None and meta.decode_mask is not None
-    keys = _gather(k_cache, meta.decode_block_tables)
-    values = _gather(v_cache, meta.decode_block_tables)
     d, heads, dim = q.shape
     kv_heads = keys.shape[1]
     # A single query row per sequence: fold the query heads of a group into the row axis so
     # each KV head is read once instead of being repeated per query head.
     qg = q.view(d, kv_heads, heads // kv_heads, dim)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=meta.decode_mask)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask)
     return out.reshape(d, heads, dim)
 
 
-def _prefill_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    chunk: PrefillChunk,
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """A chunk with no cached context attends over its own fresh K/V."""
+    qh, kh, vh = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+    out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True, enable_gqa=True)
+    return out.squeeze(0).transpose(0, 1)
+
+
+def _attention_after_prefix(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, chunk: PrefillChunk
 ) -> torch.Tensor:
     qh = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
-    if chunk.num_context == chunk.num_new:
-        keys = k.transpose(0, 1).unsqueeze(0)
-        values = v.transpose(0, 1).unsqueeze(0)
-        out = F.scaled_dot_product_attention(qh, keys, values, is_causal=True, enable_gqa=True)
-    else:
-        table = chunk.block_table.unsqueeze(0)
-        keys = _gather(k_cache, table)[:, :, : chunk.num_context]
-        values = _gather(v_cache, table)[:, :, : chunk.num_context]
-        mask = _causal_mask_with_prefix(chunk.num_new, chunk.num_context, q.device)
-        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, enable_gqa=True)
+    mask = _causal_mask_with_prefix(chunk.num_new, chunk.num_context, q.device)
+    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, enable_gqa=True)
     return out.squeeze(0).transpose(0, 1)
 
 

@@ -35,14 +35,28 @@ class PagedKVCache:
         self.layout = layout
         self.num_blocks = num_blocks
         self.tensor = _zeros((num_blocks, *layout.block_shape), torch_dtype(layout.dtype), device)
+        # The same storage as rows of one token's K (or V) heads for one layer.
+        self.rows = self.tensor.view(-1, layout.num_kv_heads * layout.head_dim)
+        self.block_row_stride = layout.num_layers * 2 * layout.block_size
+        # ... and as chunks: one block's tokens of one layer's K (or V), contiguous.
+        self.chunks = self.tensor.view(num_blocks * layout.num_layers * 2, -1)
 
-    def keys(self, layer: int) -> torch.Tensor:
-        """K of one layer for every block: a strided view ``[blocks, block_size, heads, dim]``."""
-        return self.tensor[:, layer, 0]
+    def token_rows(self, block_ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Layer-0 K rows of the tokens at ``offsets`` inside ``block_ids`` (same shapes)."""
+        return block_ids * self.block_row_stride + offsets
 
-    def values(self, layer: int) -> torch.Tensor:
-        """V of one layer for every block: a strided view ``[blocks, block_size, heads, dim]``."""
-        return self.tensor[:, layer, 1]
+    def block_chunks(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """Layer-0 K chunks of ``block_ids`` (same shape)."""
+        return block_ids * (self.layout.num_layers * 2)
+
+    def layer_chunk_offsets(self, layer: int) -> tuple[int, int]:
+        """What to add to a layer-0 K chunk to reach the same block's K and V in ``layer``."""
+        return 2 * layer, 2 * layer + 1
+
+    def layer_row_offsets(self, layer: int) -> tuple[int, int]:
+        """What to add to a layer-0 K row to reach the same token's K and V in ``layer``."""
+        k = 2 * layer * self.layout.block_size
+        return k, k + self.layout.block_size
 
     def block(self, block_id: int) -> torch.Tensor:
         """The contiguous storage of one block (a view; writes go to the cache)."""

@@ -3,73 +3,12 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shared.model.attention import AttentionMetadata, paged_attention
 from shared.model.config import ModelConfig
 from shared.model.kv_cache import PagedKVCache
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in fp32 whatever the weights' dtype, as Llama was trained."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
-
-
-class Linear(nn.Module):
-    """A bias-free projection whose weight is stored transposed, ``[in, out]``.
-
-    On CPU, ``x @ W`` with W laid out this way runs up to twice as fast as ``F.linear`` for
-    the few-row inputs of decode steps (measured in bench/engine.py's setting), and no slower
-    for long prefills.
-    """
-
-    def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(in_features, out_features))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x @ self.weight
-
-
-class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin of every position up to the model's context, in fp32."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
-        super().__init__()
-        inv_freq = 1.0 / (
-            theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
-        )
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
-
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, d]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+from shared.model.layers import Linear, RMSNorm, RotaryEmbedding, swiglu
 
 
 class LlamaAttention(nn.Module):
@@ -95,11 +34,12 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(t, self.num_heads, self.head_dim)
-        k = k.view(t, self.num_kv_heads, self.head_dim)
-        v = v.view(t, self.num_kv_heads, self.head_dim)
-        q, k = rope(q, k, positions)
+        qkv = self.qkv_proj(x)
+        # Q and K are adjacent in the fused output: rotate them in one pass.
+        qk_width = self.q_size + self.kv_size
+        qk = rope(qkv[:, :qk_width].view(t, -1, self.head_dim), positions)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, qk_width:].view(t, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, self.layer, cache, meta)
         return self.o_proj(out.reshape(t, self.q_size))
 
@@ -114,8 +54,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(swiglu(self.gate_up_proj(x), self.intermediate))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -202,6 +141,12 @@ def build_model(
     # Buffers made on the meta device hold no values: compute the rotary tables for real.
     model.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
     model.rope.to(device)
+    if torch.device(device).type == "cpu":
+        # Only the projections much wider than their input gain from oneDNN's packed layout.
+        for module in model.modules():
+            if isinstance(module, LlamaMLP):
+                module.gate_up_proj.pack_for_cpu()
+        model.lm_head.pack_for_cpu()
     return model.eval()
 
 

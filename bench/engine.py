@@ -1,0 +1,147 @@
+"""Crescent's engine against Hugging Face transformers on the same model, side by side.
+
+Prefill: time to the first token of one prompt of 128 / 512 / 2048 random tokens (median of
+runs, fresh tokens each run so nothing is reused). Decode: steady-state tokens/s of B
+sequences with 128-token prompts decoding together, after both sides have warmed up.
+transformers runs its fastest plain loop: forward with a DynamicCache and logits for the last
+position only, greedy argmax, no generate() bookkeeping.
+
+    .venv/bin/python bench/engine.py [--runs 3] [--steps 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from shared.config import EngineSettings
+from shared.engine.engine import LLMEngine
+from shared.engine.factory import load_engine
+from shared.model.loader import default_model_file
+from shared.sampling_params import SamplingParams
+
+PREFILL_LENGTHS = (128, 512, 2048)
+DECODE_BATCHES = (1, 8, 32)
+DECODE_PROMPT = 128
+
+
+def random_prompt(gen: torch.Generator, n: int) -> list[int]:
+    return torch.randint(100, 40000, (n,), generator=gen).tolist()
+
+
+def median_seconds(fn: Callable[[], Any], runs: int) -> float:
+    fn()  # warm-up: first touches of KV pages and kernel selection are not steady state
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class CrescentSide:
+    def __init__(self) -> None:
+        settings = EngineSettings(kv_cache_mb=2048, max_num_batched_tokens=2048)
+        self.engine: LLMEngine = load_engine(settings).engine
+        # A long-running server has touched its whole KV pool; first-touch page faults of a
+        # fresh process (slow on some VMs) are start-up cost, not engine speed.
+        self.engine.runner.cache.tensor.fill_(0)
+        self.gen = torch.Generator().manual_seed(1)
+        self.n = 0
+
+    def prefill(self, length: int) -> None:
+        self.n += 1
+        self.engine.add_request(
+            f"p{self.n}",
+            random_prompt(self.gen, length),
+            SamplingParams(max_tokens=1, temperature=0.0),
+        )
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def decode_tokens_per_s(self, batch: int, steps: int) -> float:
+        params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
+        for _ in range(batch):
+            self.n += 1
+            self.engine.add_request(f"d{self.n}", random_prompt(self.gen, DECODE_PROMPT), params)
+        while self.engine.stats.steps == 0 or self.engine.scheduler.waiting:
+            self.engine.step()
+        for _ in range(2):
+            self.engine.step()
+        start = time.perf_counter()
+        produced = sum(len(self.engine.step()) for _ in range(steps))
+        elapsed = time.perf_counter() - start
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+        return produced / elapsed
+
+
+class TransformersSide:
+    def __init__(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoModelForCausalLM
+
+        gguf = default_model_file()
+        self.model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        ).eval()
+        self.gen = torch.Generator().manual_seed(2)
+
+    def _forward(self, ids: torch.Tensor, cache: Any) -> Any:
+        return self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def prefill(self, length: int) -> None:
+        from transformers import DynamicCache
+
+        ids = torch.tensor([random_prompt(self.gen, length)])
+        self._forward(ids, DynamicCache(config=self.model.config)).logits[:, -1].argmax(-1)
+
+    @torch.inference_mode()
+    def decode_tokens_per_s(self, batch: int, steps: int) -> float:
+        from transformers import DynamicCache
+
+        ids = torch.tensor([random_prompt(self.gen, DECODE_PROMPT) for _ in range(batch)])
+        cache = DynamicCache(config=self.model.config)
+        out = self._forward(ids, cache)
+        next_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        for _ in range(2):
+            next_ids = self._forward(next_ids, cache).logits[:, -1].argmax(-1, keepdim=True)
+        start = time.perf_counter()
+        for _ in range(steps):
+            next_ids = self._forward(next_ids, cache).logits[:, -1].argmax(-1, keepdim=True)
+        return batch * steps / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=32)
+    args = parser.parse_args()
+    console = Console()
+    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, CPU")
+    ours, theirs = CrescentSide(), TransformersSide()
+    table = Table(title="Crescent engine vs transformers (SmolLM2-135M-Instruct Q4_1 -> fp32)")
+    for col in ("workload", "Crescent", "transformers", "ratio"):
+        table.add_column(col, justify="right")
+    for n in PREFILL_LENGTHS:
+        a = n / median_seconds(lambda n=n: ours.prefill(n), args.runs)
+        b = n / median_seconds(lambda n=n: theirs.prefill(n), args.runs)
+        table.add_row(f"prefill {n} tok (tok/s)", f"{a:.0f}", f"{b:.0f}", f"{a / b:.2f}x")
+    for batch in DECODE_BATCHES:
+        a = ours.decode_tokens_per_s(batch, args.steps)
+        b = theirs.decode_tokens_per_s(batch, args.steps)
+        table.add_row(f"decode batch {batch} (tok/s)", f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}x")
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()

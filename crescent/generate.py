@@ -69,7 +69,8 @@ def _generate(
     from shared.engine.factory import load_engine
     from shared.model.tokenizer import IncrementalDetokenizer
 
-    settings = EngineSettings(model=model)
+    # An explicit --model wins over CRESCENT_MODEL; otherwise the environment decides.
+    settings = EngineSettings(model=model) if model else EngineSettings()
     loaded = load_engine(settings)
     tok = loaded.tokenizer
     ids = tok.apply_chat_template(messages) if messages is not None else tok.encode(prompt or "")

@@ -95,3 +95,16 @@ def test_bad_messages_file(cache_dir: Path, tmp_path: Path, content: str) -> Non
     done = crescent(cache_dir, "generate", "--messages", str(path))
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_the_model_can_come_from_the_environment(cache_dir: Path) -> None:
+    env = os.environ | {"CRESCENT_CACHE_DIR": str(cache_dir), "CRESCENT_MODEL": "/no/such.gguf"}
+    done = subprocess.run(
+        [sys.executable, "-m", "crescent", "generate", "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 2 and "/no/such.gguf does not exist" in done.stderr

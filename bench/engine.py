@@ -25,7 +25,7 @@ from rich.table import Table
 from shared.config import EngineSettings
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
-from shared.model.loader import default_model_file
+from shared.model.files import default_model_file
 from shared.sampling_params import SamplingParams
 
 PREFILL_LENGTHS = (128, 512, 2048)

@@ -13,9 +13,10 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout
+from shared.model.files import ModelFiles, default_model_file, resolve_model
 from shared.model.kv_cache import PagedKVCache
 from shared.model.llama import LlamaForCausalLM, build_model
-from shared.model.loader import ModelFiles, default_model_file, load_state_dict, resolve_model
+from shared.model.loader import load_state_dict
 from shared.model.tokenizer import Tokenizer
 
 # The oracle must never try to reach the hub.

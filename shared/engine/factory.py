@@ -11,9 +11,10 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout, num_blocks_for_bytes
+from shared.model.files import ModelFiles, resolve_model
 from shared.model.kv_cache import PagedKVCache, torch_dtype
 from shared.model.llama import build_model
-from shared.model.loader import ModelFiles, load_state_dict, resolve_model
+from shared.model.loader import load_state_dict
 from shared.model.tokenizer import Tokenizer
 
 

@@ -20,10 +20,9 @@ from safetensors.torch import save_file
 
 from shared.errors import ModelNotFoundError
 from shared.model.config import ModelConfig
+from shared.model.files import MODEL_ID_KEY, is_gguf_file
 
-GGUF_MAGIC = b"GGUF"
 # Extra key in config.json so the cached folder remembers the GGUF's name without reopening it.
-MODEL_ID_KEY = "crescent_model_id"
 
 _LAYER_TENSORS = {
     "attn_q": "self_attn.q_proj",
@@ -42,14 +41,6 @@ _GLOBAL_TENSORS = {
     "output": "lm_head",
 }
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
-
-
-def is_gguf_file(path: Path) -> bool:
-    """Whether ``path`` is a regular file that starts with the GGUF magic bytes."""
-    if not path.is_file():
-        return False
-    with path.open("rb") as f:
-        return f.read(4) == GGUF_MAGIC
 
 
 def hf_tensor_name(gguf_name: str) -> str:

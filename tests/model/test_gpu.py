@@ -9,9 +9,10 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout
+from shared.model.files import ModelFiles
 from shared.model.kv_cache import PagedKVCache
 from shared.model.llama import build_model
-from shared.model.loader import ModelFiles, load_state_dict
+from shared.model.loader import load_state_dict
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 

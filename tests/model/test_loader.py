@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import save_file
 
 from shared.errors import ModelNotFoundError
-from shared.model import gguf_convert, loader
+from shared.model import files, gguf_convert
 from shared.model.config import ModelConfig
-from shared.model.loader import ModelFiles, load_state_dict, resolve_model
+from shared.model.files import ModelFiles, resolve_model
+from shared.model.loader import load_state_dict
 
 TINY = ModelConfig(
     model_id="tiny",
@@ -165,12 +166,12 @@ def test_tiny_hf_folder_loads(tmp_path: Path) -> None:
 
 
 def _fake_gguf(path: Path) -> Path:
-    path.write_bytes(gguf_convert.GGUF_MAGIC + b"\0" * 16)
+    path.write_bytes(files.GGUF_MAGIC + b"\0" * 16)
     return path
 
 
 def _fake_conversion(out_dir: Path, model_id: str) -> None:
-    config = {**TINY.to_hf_dict(), gguf_convert.MODEL_ID_KEY: model_id}
+    config = {**TINY.to_hf_dict(), files.MODEL_ID_KEY: model_id}
     (out_dir / "config.json").write_text(json.dumps(config))
     save_file({"model.norm.weight": torch.ones(16)}, str(out_dir / "model.safetensors"))
 
@@ -180,7 +181,7 @@ def test_losing_a_conversion_race_uses_the_winner(
 ) -> None:
     source = _fake_gguf(tmp_path / "race.gguf")
     cache = tmp_path / "cache"
-    target = cache / "models" / f"race-{loader.cache_key(source)}"
+    target = cache / "models" / f"race-{files.cache_key(source)}"
 
     def convert_while_another_process_wins(src: Path, out_dir: Path) -> ModelConfig:
         target.mkdir()
@@ -189,8 +190,8 @@ def test_losing_a_conversion_race_uses_the_winner(
         return TINY
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", convert_while_another_process_wins)
-    files = resolve_model(source, cache)
-    assert files.path == target and files.config.model_id == "winner"
+    resolved = resolve_model(source, cache)
+    assert resolved.path == target and resolved.config.model_id == "winner"
     assert [p.name for p in (cache / "models").iterdir()] == [target.name]
 
 
@@ -212,9 +213,9 @@ def test_failed_conversion_leaves_nothing_behind(
 
 def test_changed_gguf_gets_a_new_cache_key(tmp_path: Path) -> None:
     source = _fake_gguf(tmp_path / "m.gguf")
-    key = loader.cache_key(source)
-    source.write_bytes(gguf_convert.GGUF_MAGIC + b"\1" * 32)
-    assert loader.cache_key(source) != key
+    key = files.cache_key(source)
+    source.write_bytes(files.GGUF_MAGIC + b"\1" * 32)
+    assert files.cache_key(source) != key
 
 
 def test_gguf_names_map_to_hf_names() -> None:

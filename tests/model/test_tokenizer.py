@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidRequestError
-from shared.model.loader import ModelFiles
+from shared.model.files import ModelFiles
 from shared.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TEXTS = [

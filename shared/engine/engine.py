@@ -31,6 +31,14 @@ class RequestOutput:
 
 
 @dataclass(slots=True)
+class ImportSlot:
+    """Prompt blocks ``first_block, first_block + 1, ...`` must be written into ``block_ids``."""
+
+    first_block: int
+    block_ids: list[int]
+
+
+@dataclass(slots=True)
 class EngineStats:
     """Running totals since start; the basis of the engine's metrics."""
 
@@ -39,6 +47,7 @@ class EngineStats:
     prompt_tokens_cached: int = 0
     output_tokens: int = 0
     preemptions: int = 0
+    prompt_tokens_imported: int = 0
 
 
 class LLMEngine:
@@ -55,6 +64,8 @@ class LLMEngine:
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.stats = EngineStats()
         self._sequences: dict[str, Sequence] = {}
+        self._held: dict[str, Sequence] = {}
+        self._importing: dict[str, Sequence] = {}
         self._roots: dict[bytes, BlockHash] = {}
 
     def add_request(
@@ -63,23 +74,80 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         cache_salt: bytes = b"",
+        hold_blocks: bool = False,
     ) -> None:
-        """Queues a request; raises ``InvalidRequestError`` if it can never be served."""
-        if request_id in self._sequences:
-            raise InvalidRequestError(
-                f"request id {request_id!r} is already in flight", "request_id"
-            )
-        self._check_fits(prompt_token_ids, params)
-        seq = Sequence(request_id, list(prompt_token_ids), params, self._root(cache_salt))
+        """Queues a request; raises ``InvalidRequestError`` if it can never be served.
+
+        With ``hold_blocks`` the request's blocks stay referenced when it finishes, until
+        ``release_held`` — how a prefill node keeps a prompt's KV until it is pulled.
+        """
+        seq = self._new_sequence(request_id, prompt_token_ids, params, cache_salt)
+        seq.hold_blocks = hold_blocks
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
+
+    def held_block_ids(self, request_id: str) -> list[int] | None:
+        """Block ids of a finished request whose blocks are held, in token order."""
+        seq = self._held.get(request_id)
+        return None if seq is None else [b.block_id for b in seq.block_table]
+
+    def release_held(self, request_id: str) -> bool:
+        """Returns a held request's blocks to the pool (they stay in the prefix cache)."""
+        seq = self._held.pop(request_id, None)
+        if seq is None:
+            return False
+        self.kv.free(seq)
+        return True
+
+    def begin_import(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        first_token: int,
+        params: SamplingParams,
+        cache_salt: bytes = b"",
+    ) -> ImportSlot | None:
+        """Reserves blocks for a prompt computed elsewhere, whose first output token is known.
+
+        Leading blocks this node already caches are reused; the slot says which prompt blocks
+        the caller must fill (by writing their bytes into the KV tensor) before
+        ``finish_import``. None when the pool has no room now.
+        """
+        seq = self._new_sequence(request_id, prompt_token_ids, params, cache_salt)
+        hits = self.kv.find_cached_prefix(seq)
+        num_prompt = len(prompt_token_ids)
+        if not self.kv.allocate(seq, num_prompt, hits):
+            return None
+        seq.token_ids.append(first_token)
+        seq.num_cached_tokens = len(hits) * self.config.block_size
+        self._importing[request_id] = seq
+        self._sequences[request_id] = seq
+        first_missing = len(hits)
+        return ImportSlot(first_missing, [b.block_id for b in seq.block_table[first_missing:]])
+
+    def finish_import(self, request_id: str, ok: bool) -> None:
+        """Starts decoding an imported request. If its blocks could not be filled, it is
+        recomputed from its tokens instead: slower, never wrong."""
+        seq = self._importing.pop(request_id)
+        if ok:
+            seq.num_computed_tokens = seq.num_prompt_tokens
+            self.stats.prompt_tokens_imported += seq.num_prompt_tokens - seq.num_cached_tokens
+            self.kv.cache_computed_blocks(seq)
+            self.scheduler.resume(seq)
+        else:
+            self.kv.free(seq)
+            seq.num_cached_tokens = -1
+            self.scheduler.add(seq)
 
     def abort_request(self, request_id: str) -> bool:
         """Drops a request and frees its blocks; False if it was not in flight."""
         seq = self._sequences.pop(request_id, None)
         if seq is None:
             return False
-        self.scheduler.remove(seq)
+        if self._importing.pop(request_id, None) is not None:
+            self.kv.free(seq)
+        else:
+            self.scheduler.remove(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = FinishReason.ABORT
         return True
@@ -135,7 +203,9 @@ class LLMEngine:
         if reason is not None:
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = reason
-            self.scheduler.remove(seq)
+            self.scheduler.remove(seq, free_blocks=not seq.hold_blocks)
+            if seq.hold_blocks:
+                self._held[seq.request_id] = seq
             del self._sequences[seq.request_id]
         return RequestOutput(
             request_id=seq.request_id,
@@ -157,6 +227,16 @@ class LLMEngine:
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
+
+    def _new_sequence(
+        self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes
+    ) -> Sequence:
+        if request_id in self._sequences or request_id in self._held:
+            raise InvalidRequestError(
+                f"request id {request_id!r} is already in flight", "request_id"
+            )
+        self._check_fits(prompt, params)
+        return Sequence(request_id, list(prompt), params, self._root(cache_salt))
 
     def _check_fits(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:

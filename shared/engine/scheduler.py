@@ -69,13 +69,20 @@ class Scheduler:
         out.chunks.sort(key=lambda c: c.num_new != 1)
         return out
 
-    def remove(self, seq: Sequence) -> None:
-        """Takes a finished or aborted sequence out and returns its blocks to the pool."""
+    def remove(self, seq: Sequence, free_blocks: bool = True) -> None:
+        """Takes a finished or aborted sequence out; its blocks go back to the pool unless the
+        caller keeps them (a prefill node holds them until the decode node has pulled them)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.kv.free(seq)
+        if free_blocks:
+            self.kv.free(seq)
+
+    def resume(self, seq: Sequence) -> None:
+        """Adds a sequence whose KV is already in its blocks straight to the running list."""
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         for seq in list(self.running):

@@ -52,6 +52,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     generator: torch.Generator | None = None
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    hold_blocks: bool = False  # keep the blocks referenced after finishing, until released
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -38,6 +38,16 @@ class ImportSlot:
     block_ids: list[int]
 
 
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    queued_tokens: int  # prompt tokens admitted or waiting but not yet computed
+    running_seqs: int
+    waiting_seqs: int
+    free_blocks: int
+    total_blocks: int
+    held_requests: int
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Running totals since start; the basis of the engine's metrics."""
@@ -151,6 +161,23 @@ class LLMEngine:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = FinishReason.ABORT
         return True
+
+    def load(self) -> EngineLoad:
+        """A snapshot of how busy the engine is, for heartbeats and placement."""
+        queued = sum(s.num_tokens - s.num_computed_tokens for s in self.scheduler.waiting)
+        queued += sum(
+            s.num_tokens - s.num_computed_tokens
+            for s in self.scheduler.running
+            if s.num_computed_tokens < s.num_prompt_tokens
+        )
+        return EngineLoad(
+            queued_tokens=queued,
+            running_seqs=len(self.scheduler.running),
+            waiting_seqs=len(self.scheduler.waiting),
+            free_blocks=self.pool.num_free_blocks,
+            total_blocks=self.pool.num_blocks,
+            held_requests=len(self._held),
+        )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()

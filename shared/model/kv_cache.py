@@ -62,6 +62,11 @@ class PagedKVCache:
         """The contiguous storage of one block (a view; writes go to the cache)."""
         return self.tensor[block_id]
 
+    def block_buffer(self, block_id: int) -> np.ndarray:
+        """A writable uint8 numpy view of one block's bytes (CPU caches only), so transfers
+        send from and receive into the pool without a copy."""
+        return self.block(block_id).view(torch.uint8).view(-1).numpy()
+
     def read_block_bytes(self, block_id: int) -> bytes:
         """A copy of one block's bytes, e.g. to ship to a peer or a lower tier."""
         return self.block(block_id).cpu().view(torch.uint8).numpy().tobytes()

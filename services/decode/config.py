@@ -1,0 +1,9 @@
+"""Decode node settings: the shared node settings (``CRESCENT_*``), nothing of its own yet."""
+
+from __future__ import annotations
+
+from shared.node import NodeSettings
+
+
+class DecodeSettings(NodeSettings):
+    pass

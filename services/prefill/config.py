@@ -1,0 +1,9 @@
+"""Prefill node settings: the shared node settings (``CRESCENT_*``), nothing of its own yet."""
+
+from __future__ import annotations
+
+from shared.node import NodeSettings
+
+
+class PrefillSettings(NodeSettings):
+    pass

@@ -1,0 +1,84 @@
+"""What prefill and decode nodes share: settings, heartbeats, and the wire form of outputs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from pydantic import Field
+
+from shared import subjects
+from shared.bus import Bus
+from shared.config import EngineSettings
+from shared.engine.engine import EngineLoad, RequestOutput
+from shared.messages import NodeStatus, TokenChunk, TokenLogprob
+from shared.model.sampler import TokenLogprobs
+
+log = logging.getLogger(__name__)
+
+
+class NodeSettings(EngineSettings):
+    """A model-running node: the engine's settings plus its place in the cluster."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    node_id: str = Field(default="", description="unique name; default: role + random suffix")
+    transfer: str = Field(default="ucx", description="KV transfer: ucx or tcp")
+    transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    lease_ttl_s: float = Field(default=30.0, gt=0, description="held KV waits this long for a pull")
+
+    def resolved_node_id(self, role: str) -> str:
+        return subjects.check_token(self.node_id or f"{role}-{uuid.uuid4().hex[:8]}", "node id")
+
+
+def to_wire_logprobs(entries: list[TokenLogprobs]) -> list[TokenLogprob] | None:
+    if not entries:
+        return None
+    return [TokenLogprob(e.token_id, e.logprob, list(e.top)) for e in entries]
+
+
+def output_chunk(out: RequestOutput, num_cached_tokens: int | None = None) -> TokenChunk:
+    """The chunk a gateway receives for one step's output of one request."""
+    return TokenChunk(
+        request_id=out.request_id,
+        index=len(out.output_token_ids) - len(out.new_token_ids),
+        token_ids=list(out.new_token_ids),
+        logprobs=to_wire_logprobs(out.new_logprobs),
+        finish_reason=out.finish_reason.value if out.finish_reason is not None else None,
+        num_prompt_tokens=out.num_prompt_tokens,
+        num_cached_tokens=out.num_cached_tokens if num_cached_tokens is None else num_cached_tokens,
+    )
+
+
+async def heartbeat_loop(
+    bus: Bus,
+    interval_s: float,
+    status: Callable[[], Awaitable[NodeStatus]],
+) -> None:
+    """Publishes the node's status every interval until cancelled; a failed beat is logged
+    and the next one tried, so a bus hiccup never silences a node for good."""
+    while True:
+        try:
+            beat = await status()
+            beat.ts = time.time()
+            await bus.publish(subjects.HEARTBEATS, beat)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("heartbeat failed")
+        await asyncio.sleep(interval_s)
+
+
+def node_status(node_id: str, role: str, load: EngineLoad, block_size: int) -> NodeStatus:
+    return NodeStatus(
+        node_id=node_id,
+        role=role,
+        queued_tokens=load.queued_tokens,
+        running_seqs=load.running_seqs + load.waiting_seqs,
+        free_blocks=load.free_blocks,
+        total_blocks=load.total_blocks,
+        block_size=block_size,
+    )

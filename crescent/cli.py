@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import runpy
 import sys
 from collections.abc import Sequence
 
-from crescent import generate
+from crescent import generate, up
+
+SERVICES = ("gateway", "scheduler", "prefill", "decode")
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -21,8 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(prog="crescent", description="Crescent: KV-cache-centric LLM serving")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     generate.add_arguments(sub.add_parser("generate", help="generate text with the local engine"))
-    up = sub.add_parser("up", help="run the whole stack on this machine")
-    up.add_argument("--port", type=int, default=8000)
+    up.add_arguments(sub.add_parser("up", help="run the whole stack on this machine"))
+    serve = sub.add_parser("serve", help="run one service in this process")
+    serve.add_argument("service", choices=SERVICES)
     return parser
 
 
@@ -31,9 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "generate":
         return generate.run(args)
     if args.command == "up":
-        sys.stderr.write(
-            "crescent up: the serving stack (gateway, scheduler, prefill, decode) is not built "
-            "yet; use `crescent generate` to run the engine locally.\n"
-        )
-        return 1
+        return up.run(args)
+    if args.command == "serve":
+        # The same entry point as `python -m services.<name>`; settings come from CRESCENT_*.
+        runpy.run_module(f"services.{args.service}", run_name="__main__", alter_sys=True)
+        return 0
     return 2

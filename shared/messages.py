@@ -110,7 +110,11 @@ class LeaseRelease(WireMessage, kw_only=True):
 
 class TokenChunk(WireMessage, kw_only=True):
     """Output of one request. ``index`` is the position of ``token_ids[0]`` among the output
-    tokens, so a receiver can order chunks from the prefill and the decode node."""
+    tokens, so a receiver can order chunks from the prefill and the decode node.
+
+    A chunk with ``error`` ends the request; ``error_code`` is an HTTP status (429: overloaded,
+    503: no node can serve it) and ``retry_after_s`` tells a rejected client when to try again.
+    """
 
     request_id: str
     index: int
@@ -121,6 +125,7 @@ class TokenChunk(WireMessage, kw_only=True):
     num_cached_tokens: int = 0
     error: str | None = None
     error_code: int | None = None
+    retry_after_s: float | None = None
 
 
 class AbortRequest(WireMessage, kw_only=True):
@@ -143,6 +148,7 @@ class NodeStatus(WireMessage, kw_only=True):
     ts: float = 0.0
     kv_bytes_sent: int = 0
     kv_bytes_received: int = 0
+    pid: int = 0
 
 
 M = TypeVar("M", bound=WireMessage)

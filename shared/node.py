@@ -29,6 +29,8 @@ class NodeSettings(EngineSettings):
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     lease_ttl_s: float = Field(default=30.0, gt=0, description="held KV waits this long for a pull")
+    metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
+    metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
 
     def resolved_node_id(self, role: str) -> str:
         return subjects.check_token(self.node_id or f"{role}-{uuid.uuid4().hex[:8]}", "node id")

@@ -30,6 +30,7 @@ class AsyncEngine:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        self.failed = False  # the last step raised; cleared by the next good one
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` on the engine thread between steps and wakes the step loop."""
@@ -61,7 +62,9 @@ class AsyncEngine:
             except Exception:
                 # A failing step must not take the node down silently; log and keep serving.
                 log.exception("engine step failed")
+                self.failed = True
                 await asyncio.sleep(0.1)
                 continue
+            self.failed = False
             if outputs:
                 await self._on_outputs(outputs)

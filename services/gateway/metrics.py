@@ -1,0 +1,82 @@
+"""Prometheus metrics of the gateway, in a registry of their own (one per app)."""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from services.gateway.responses import usage
+from services.gateway.service import Run
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class GatewayMetrics:
+    """The gateway's counters and histograms.
+
+    Owns its ``CollectorRegistry``, so several apps in one process (tests) never collide.
+    """
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "crescent_gateway_requests",
+            "HTTP requests by endpoint and status code",
+            ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "crescent_gateway_requests_in_flight",
+            "Generation requests being served",
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "crescent_gateway_time_to_first_token_seconds",
+            "From request arrival to the first output token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tpot = Histogram(
+            "crescent_gateway_time_per_output_token_seconds",
+            "Mean time between output tokens of one choice",
+            buckets=_TPOT_BUCKETS,
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "crescent_gateway_prompt_tokens",
+            "Prompt tokens of served requests",
+            registry=self.registry,
+        )
+        self.cached_tokens = Counter(
+            "crescent_gateway_cached_prompt_tokens",
+            "Prompt tokens found in the KV cache",
+            registry=self.registry,
+        )
+        self.generation_tokens = Counter(
+            "crescent_gateway_generation_tokens", "Output tokens sent", registry=self.registry
+        )
+
+    def observe_run(self, run: Run) -> None:
+        timing = run.timing
+        if timing.first_token is not None:
+            self.ttft.observe(timing.first_token - timing.start)
+        for index, choice in enumerate(run.choices):
+            tpot = timing.time_per_output_token(index, choice.completion_tokens)
+            if tpot is not None:
+                self.tpot.observe(tpot)
+        counts = usage(run.request, run.choices)
+        self.prompt_tokens.inc(counts["prompt_tokens"])
+        self.cached_tokens.inc(counts["prompt_tokens_details"]["cached_tokens"])
+        self.generation_tokens.inc(counts["completion_tokens"])
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,264 @@
+"""OpenAI request bodies -> ``GenerateRequest``s: checks every value, renders chats, tokenizes
+and fits the completion into the context. Pure: no HTTP, no bus."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from services.gateway import errors
+from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from services.gateway.validation import (
+    CHAT_UNSUPPORTED,
+    COMPLETION_UNSUPPORTED,
+    message_dict,
+    reject_unsupported,
+    stop_strings,
+)
+from shared.errors import InvalidRequestError, PromptTooLongError
+from shared.messages import GenerateRequest, SamplingSpec
+from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+
+PromptInput = str | list[str] | list[int] | list[list[int]]
+#: OpenAI's (and vLLM's) default for the legacy completions endpoint.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+MAX_CACHE_SALT_LENGTH = 256
+#: Prompts times n: one API request never fans out into more sequences than this.
+MAX_SEQUENCES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """How every choice's text is cut and reported (shared by all choices of a request)."""
+
+    stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """One sequence to generate: choice ``index`` of the response, for prompt ``prompt_index``."""
+
+    index: int
+    prompt_index: int
+    request: GenerateRequest
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A validated API request, ready to publish.
+
+    Invariant: ``choices`` are in index order, ``choices[i].request.request_id`` is
+    ``f"{id}-{i}"``, and every request's prompt plus ``max_tokens`` fits the context.
+    """
+
+    id: str
+    kind: str
+    model: str
+    created: int
+    prompts: tuple[tuple[int, ...], ...]
+    choices: tuple[Choice, ...]
+    options: OutputOptions
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Common:
+    n: int
+    stop: tuple[str, ...]
+    cache_salt: str
+    stream: bool
+    include_usage: bool
+
+
+class RequestBuilder:
+    """Validates OpenAI bodies and turns them into ``PreparedRequest``s for one served model.
+
+    Owns the tokenizer, the served name and the limits. Invariant: it never returns a request
+    that would exceed ``max_model_len`` or carry out-of-range sampling values.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, model_name: str, max_model_len: int, max_n: int):
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.max_n = max_n
+
+    def chat(self, body: ChatCompletionRequest, tenant: str) -> PreparedRequest:
+        self._check_model(body.model)
+        reject_unsupported(body, CHAT_UNSUPPORTED)
+        common = self._common(body)
+        logprobs = self._chat_logprobs(body.logprobs, body.top_logprobs)
+        prompt = self._render(body.messages)
+        requested = body.max_completion_tokens
+        param = "max_completion_tokens"
+        if requested is None:
+            requested, param = body.max_tokens, "max_tokens"
+        max_tokens = self._max_tokens(requested, None, len(prompt), param, "messages")
+        return self._prepare(
+            "chatcmpl", "chat", body, tenant, common, [(prompt, max_tokens)], logprobs
+        )
+
+    def completion(self, body: CompletionRequest, tenant: str) -> PreparedRequest:
+        self._check_model(body.model)
+        reject_unsupported(body, COMPLETION_UNSUPPORTED)
+        common = self._common(body)
+        logprobs = body.logprobs
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise errors.invalid(
+                f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {logprobs}", "logprobs"
+            )
+        prompts = self._prompts(body.prompt)
+        if len(prompts) * common.n > MAX_SEQUENCES:
+            raise errors.invalid(
+                f"{len(prompts)} prompts with n={common.n} exceed {MAX_SEQUENCES} sequences", "n"
+            )
+        default = COMPLETIONS_DEFAULT_MAX_TOKENS
+        sized = [(p, self._max_tokens(body.max_tokens, default, len(p), "max_tokens", "prompt"))
+                 for p in prompts]  # fmt: skip
+        return self._prepare("cmpl", "completion", body, tenant, common, sized, logprobs)
+
+    def _check_model(self, name: str) -> None:
+        if name != self.model_name:
+            raise errors.model_not_found(name)
+
+    def _common(self, body: ChatCompletionRequest | CompletionRequest) -> _Common:
+        n = 1 if body.n is None else body.n
+        if not 1 <= n <= self.max_n:
+            raise errors.invalid(f"n must be between 1 and {self.max_n}, got {n}", "n")
+        stream = bool(body.stream)
+        if body.stream_options is not None and not stream:
+            raise errors.invalid("stream_options is only allowed when stream is true", "stream")
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        salt = body.cache_salt
+        if salt is not None and not 0 < len(salt) <= MAX_CACHE_SALT_LENGTH:
+            raise errors.invalid(
+                f"cache_salt must be 1 to {MAX_CACHE_SALT_LENGTH} characters", "cache_salt"
+            )
+        return _Common(n, stop_strings(body.stop), salt or "", stream, include_usage)
+
+    @staticmethod
+    def _chat_logprobs(logprobs: bool | None, top: int | None) -> int | None:
+        if top is not None and not logprobs:
+            raise errors.invalid("top_logprobs requires logprobs to be true", "top_logprobs")
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise errors.invalid(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {top}",
+                "top_logprobs",
+            )
+        return (top or 0) if logprobs else None
+
+    def _render(self, messages: list[ChatMessage]) -> tuple[int, ...]:
+        chat = [message_dict(i, m) for i, m in enumerate(messages)]
+        if not chat:
+            raise errors.invalid("messages must be a non-empty list", "messages")
+        try:
+            return tuple(self.tokenizer.apply_chat_template(chat))
+        except InvalidRequestError as exc:
+            raise errors.from_invalid(exc) from exc
+
+    def _prompts(self, prompt: PromptInput) -> list[tuple[int, ...]]:
+        items: list[str | list[int]]
+        if isinstance(prompt, str):
+            items = [prompt]
+        elif prompt and all(isinstance(x, int) for x in prompt):
+            items = [[x for x in prompt if isinstance(x, int)]]
+        else:
+            items = [x for x in prompt if not isinstance(x, int)]
+        if not items:
+            raise errors.invalid("prompt must not be empty", "prompt")
+        return [self._prompt_ids(item) for item in items]
+
+    def _prompt_ids(self, item: str | list[int]) -> tuple[int, ...]:
+        ids = self.tokenizer.encode(item) if isinstance(item, str) else item
+        if not ids:
+            raise errors.invalid("prompt must not be empty", "prompt")
+        bad = next((t for t in ids if not 0 <= t < self.tokenizer.vocab_size), None)
+        if bad is not None:
+            raise errors.invalid(
+                f"token id {bad} is outside the vocabulary (0..{self.tokenizer.vocab_size - 1})",
+                "prompt",
+            )
+        return tuple(ids)
+
+    def _max_tokens(
+        self, requested: int | None, default: int | None, prompt_len: int, param: str, what: str
+    ) -> int:
+        """The completion budget; without one it is ``default`` or else the rest of the context."""
+        if requested is not None and requested < 1:
+            raise errors.invalid(f"{param} must be at least 1, got {requested}", param)
+        room = self.max_model_len - prompt_len
+        wanted = requested if requested is not None else min(default or room, room)
+        if wanted < 1 or prompt_len + wanted > self.max_model_len:
+            exc = PromptTooLongError(prompt_len, max(wanted, 1), self.max_model_len)
+            raise errors.invalid(str(exc), what)
+        return wanted
+
+    def _prepare(
+        self,
+        prefix: str,
+        kind: str,
+        body: ChatCompletionRequest | CompletionRequest,
+        tenant: str,
+        common: _Common,
+        prompts: list[tuple[tuple[int, ...], int]],
+        logprobs: int | None,
+    ) -> PreparedRequest:
+        request_id = f"{prefix}-{uuid.uuid4().hex}"
+        now = time.time()
+        choices = []
+        for p, (prompt, max_tokens) in enumerate(prompts):
+            for j in range(common.n):
+                index = p * common.n + j
+                sampling = _sampling(body, max_tokens, logprobs, j)
+                request = GenerateRequest(
+                    request_id=f"{request_id}-{index}",
+                    tenant=tenant,
+                    prompt_token_ids=list(prompt),
+                    sampling=sampling,
+                    cache_salt=common.cache_salt,
+                    arrival_ts=now,
+                )
+                choices.append(Choice(index, p, request))
+        options = OutputOptions(common.stop, bool(body.include_stop_str_in_output), logprobs)
+        return PreparedRequest(
+            id=request_id,
+            kind=kind,
+            model=self.model_name,
+            created=int(now),
+            prompts=tuple(p for p, _ in prompts),
+            choices=tuple(choices),
+            options=options,
+            stream=common.stream,
+            include_usage=common.include_usage,
+        )
+
+
+def _sampling(
+    body: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    sibling: int,
+) -> SamplingSpec:
+    # Sibling choices share a prompt; the same seed would make them identical, so each takes
+    # the next seed and choice 0 stays what a request with n=1 and this seed gives.
+    seed = body.seed
+    if seed is not None and seed >= 0:
+        seed = (seed + sibling) % 2**63
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=0 if body.top_k is None else body.top_k,
+            seed=seed,
+            logprobs=logprobs,
+            ignore_eos=bool(body.ignore_eos),
+        )
+    except InvalidRequestError as exc:
+        raise errors.from_invalid(exc) from exc
+    return SamplingSpec.from_params(params)

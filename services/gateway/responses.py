@@ -1,0 +1,172 @@
+"""OpenAI's response shapes: ``chat.completion`` / ``text_completion`` objects, their stream
+chunks, usage and logprobs. Pure: dicts in, dicts out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from services.gateway.output import ChoiceAssembler, Delta
+from services.gateway.requests import PreparedRequest
+from shared.errors import InvalidRequestError
+from shared.messages import TokenLogprob
+from shared.model.tokenizer import Tokenizer
+
+# JSON has no -inf; OpenAI reports impossible tokens with this floor instead.
+LOGPROB_FLOOR = -9999.0
+
+
+def usage(request: PreparedRequest, choices: Sequence[ChoiceAssembler]) -> dict[str, Any]:
+    """Prompt tokens count once per prompt (not per choice), as OpenAI counts them."""
+    prompt_tokens = sum(len(p) for p in request.prompts)
+    cached = 0
+    seen: set[int] = set()
+    for spec, choice in zip(request.choices, choices, strict=True):
+        if spec.prompt_index not in seen:
+            seen.add(spec.prompt_index)
+            cached += min(choice.num_cached_tokens, len(request.prompts[spec.prompt_index]))
+    completion_tokens = sum(c.completion_tokens for c in choices)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def _value(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else LOGPROB_FLOOR
+
+
+class Shapes:
+    """Builds the JSON objects of one API request (chat or completions).
+
+    Owns the request's id, creation time and model name, so that every object of one response
+    carries the same ones.
+    """
+
+    def __init__(self, request: PreparedRequest, tokenizer: Tokenizer) -> None:
+        self.request = request
+        self.tokenizer = tokenizer
+        self.chat = request.kind == "chat"
+        self._top = request.options.logprobs or 0
+
+    def _envelope(self, object_: str) -> dict[str, Any]:
+        r = self.request
+        return {
+            "id": r.id,
+            "object": object_,
+            "created": r.created,
+            "model": r.model,
+            "system_fingerprint": None,
+        }
+
+    def response(self, choices: Sequence[ChoiceAssembler]) -> dict[str, Any]:
+        """The whole non-streaming response."""
+        body = self._envelope("chat.completion" if self.chat else "text_completion")
+        body["choices"] = [self._final_choice(i, c) for i, c in enumerate(choices)]
+        body["usage"] = usage(self.request, choices)
+        return body
+
+    def _final_choice(self, index: int, choice: ChoiceAssembler) -> dict[str, Any]:
+        logprobs = None
+        if self.request.options.logprobs is not None:
+            logprobs = self.logprobs(choice.logprobs, choice.offsets)
+        out: dict[str, Any] = {"index": index}
+        if self.chat:
+            out["message"] = {"role": "assistant", "content": choice.text, "refusal": None}
+        else:
+            out["text"] = choice.text
+        out["logprobs"] = logprobs
+        out["finish_reason"] = choice.finish_reason
+        return out
+
+    def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
+        body["choices"] = choices
+        if self.request.include_usage:
+            body["usage"] = None
+        return body
+
+    def role_chunk(self) -> dict[str, Any] | None:
+        """Chat streams open with the assistant's role for every choice."""
+        if not self.chat:
+            return None
+        return self.chunk(
+            [
+                {
+                    "index": c.index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for c in self.request.choices
+            ]
+        )
+
+    def delta_chunks(self, index: int, delta: Delta) -> list[dict[str, Any]]:
+        """Stream chunks for one delta: its text (with logprobs), then the finish if any."""
+        chunks = []
+        if delta.text or delta.logprobs:
+            logprobs = None
+            if self.request.options.logprobs is not None:
+                logprobs = self.logprobs(delta.logprobs, delta.offsets)
+            chunks.append(self.chunk([self._stream_choice(index, delta.text, logprobs, None)]))
+        if delta.finish_reason is not None:
+            finish = self._stream_choice(index, None, None, delta.finish_reason)
+            chunks.append(self.chunk([finish]))
+        return chunks
+
+    def _stream_choice(
+        self, index: int, text: str | None, logprobs: Any, finish: str | None
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = {"index": index}
+        if self.chat:
+            out["delta"] = {} if text is None else {"content": text}
+        else:
+            out["text"] = text or ""
+        out["logprobs"] = logprobs
+        out["finish_reason"] = finish
+        return out
+
+    def usage_chunk(self, choices: Sequence[ChoiceAssembler]) -> dict[str, Any]:
+        body = self._envelope("chat.completion.chunk" if self.chat else "text_completion")
+        body["choices"] = []
+        body["usage"] = usage(self.request, choices)
+        return body
+
+    def logprobs(self, items: Sequence[TokenLogprob], offsets: Sequence[int]) -> dict[str, Any]:
+        if self.chat:
+            return {"content": [self._chat_entry(lp) for lp in items], "refusal": None}
+        return {
+            "tokens": [self.token_text(lp.token_id) for lp in items],
+            "token_logprobs": [_value(lp.logprob) for lp in items],
+            "top_logprobs": [
+                {self.token_text(t): _value(v) for t, v in lp.top[: self._top]} for lp in items
+            ],
+            "text_offset": list(offsets),
+        }
+
+    def _chat_entry(self, lp: TokenLogprob) -> dict[str, Any]:
+        entry = self._token_entry(lp.token_id, lp.logprob)
+        entry["top_logprobs"] = [self._token_entry(t, v) for t, v in lp.top[: self._top]]
+        return entry
+
+    def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        raw = self.token_bytes(token_id)
+        return {
+            "token": raw.decode("utf-8", errors="replace"),
+            "logprob": _value(logprob),
+            "bytes": list(raw),
+        }
+
+    def token_bytes(self, token_id: int) -> bytes:
+        try:
+            return self.tokenizer.token_bytes(token_id)
+        except (InvalidRequestError, KeyError):
+            # A backend that sends an id outside the vocabulary must not break the response.
+            return f"<unk:{token_id}>".encode()
+
+    def token_text(self, token_id: int) -> str:
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")

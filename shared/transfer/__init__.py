@@ -1,0 +1,23 @@
+"""Moving KV block bytes between nodes: a pull-based server/client pair over UCX or TCP."""
+
+from shared.transfer.base import (
+    BlockProvider,
+    BufferLike,
+    TransferClient,
+    TransferError,
+    TransferServer,
+    create_client,
+    create_server,
+    kind_from_env,
+)
+
+__all__ = [
+    "BlockProvider",
+    "BufferLike",
+    "TransferClient",
+    "TransferError",
+    "TransferServer",
+    "create_client",
+    "create_server",
+    "kind_from_env",
+]

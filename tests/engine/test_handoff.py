@@ -67,7 +67,7 @@ def test_blocks_the_decode_node_caches_are_not_pulled(make_engine: EngineFactory
     prompt = shared_prefix + prompts(1, 9, 9, seed=23)[0]
     expected = make_engine().generate([prompt], FULL)[0].output_token_ids
     prefill_node, decode_node = make_engine(), make_engine()
-    decode_node.generate([shared_prefix + [5, 5, 5]], FULL)
+    decode_node.generate([[*shared_prefix, 5, 5, 5]], FULL)
     first = prefill(prefill_node, "r", prompt)
     held = prefill_node.held_block_ids("r")
     assert held is not None

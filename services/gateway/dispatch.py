@@ -57,7 +57,8 @@ class Flight:
             self._ended.add(request_id)
         self._queue.put_nowait(chunk)
 
-    async def _open(self, requests: Sequence[GenerateRequest]) -> None:
+    async def send(self, requests: Sequence[GenerateRequest]) -> None:
+        """Subscribes to every request's output, then publishes the requests."""
         for request in requests:
             subject = subjects.tokens(request.request_id)
             handler = functools.partial(self._on_chunk, request.request_id)
@@ -110,9 +111,12 @@ class Dispatcher:
             raise errors.unavailable("The gateway is not connected to the message bus.")
         flight = Flight(self, [r.request_id for r in requests])
         try:
-            await flight._open(requests)
-        except Exception as exc:
+            await flight.send(requests)
+        except BaseException as exc:
+            # Cancelled or failed half-way: whatever went out must be aborted.
             flight.close()
+            if not isinstance(exc, Exception):
+                raise
             log.warning("publishing %d requests failed: %s", len(requests), exc)
             raise errors.unavailable("The message bus did not accept the request.") from exc
         return flight

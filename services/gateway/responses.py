@@ -89,21 +89,17 @@ class Shapes:
             body["usage"] = None
         return body
 
-    def role_chunk(self) -> dict[str, Any] | None:
-        """Chat streams open with the assistant's role for every choice."""
+    def role_chunks(self) -> list[dict[str, Any]]:
+        """Chat streams open with the assistant's role, one chunk per choice."""
         if not self.chat:
-            return None
-        return self.chunk(
-            [
-                {
-                    "index": c.index,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                for c in self.request.choices
-            ]
-        )
+            return []
+        opening = {"role": "assistant", "content": ""}
+        return [
+            self.chunk(
+                [{"index": c.index, "delta": opening, "logprobs": None, "finish_reason": None}]
+            )
+            for c in self.request.choices
+        ]
 
     def delta_chunks(self, index: int, delta: Delta) -> list[dict[str, Any]]:
         """Stream chunks for one delta: its text (with logprobs), then the finish if any."""

@@ -77,7 +77,8 @@ class ChatCompletionRequest(_Generation):
     top_logprobs: int | None = None
     tools: Any = None
     tool_choice: Any = None
-    parallel_tool_calls: Any = None
+    # Only means something together with tools, which are refused; accepted and ignored.
+    parallel_tool_calls: bool | None = None
     functions: Any = None
     function_call: Any = None
     response_format: Any = None

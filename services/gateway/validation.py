@@ -26,7 +26,6 @@ CHAT_UNSUPPORTED = (
     *_SHARED_UNSUPPORTED,
     "tools",
     "tool_choice",
-    "parallel_tool_calls",
     "functions",
     "function_call",
     "response_format",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -45,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
         _wait_ready(args, env["CRESCENT_NATS_URL"], children, stop_requested)
         print(f"Crescent is serving the OpenAI API at http://{args.host}:{args.port}/v1")
         print(f"  logs: {data_dir / 'logs'}")
+        body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hi!"}]})
         print(
             f"  try:  curl http://{args.host}:{args.port}/v1/chat/completions "
-            "-H 'Content-Type: application/json' "
-            f"""-d '{{"model": "{model_name}", "messages": [{{"role": "user", "content": "Hello!"}}]}}'"""
+            f"-H 'Content-Type: application/json' -d '{body}'"
         )
         sys.stdout.flush()
         return _supervise(children, stop_requested)

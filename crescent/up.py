@@ -12,6 +12,7 @@ import socket
 import sys
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 from crescent.processes import Child, spawn, stop_all
@@ -35,9 +36,10 @@ def run(args: argparse.Namespace) -> int:
     stop_requested = _install_stop_handlers()
     children: list[Child] = []
     try:
-        env = dict(os.environ)
+        # Marks every process of this stack, so operators (and tests) can find them all.
+        env = dict(os.environ) | {"CRESCENT_UP_ID": uuid.uuid4().hex}
         if not env.get("CRESCENT_NATS_URL"):
-            nats, url = _start_nats(data_dir)
+            nats, url = _start_nats(data_dir, env)
             children.append(nats)
             env["CRESCENT_NATS_URL"] = url
         model_name = _prepare_model()
@@ -85,7 +87,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_nats(data_dir: Path) -> tuple[Child, str]:
+def _start_nats(data_dir: Path, env: dict[str, str]) -> tuple[Child, str]:
     binary = Path(sys.executable).parent / "nats-server"
     if not binary.exists():
         raise _Abort(
@@ -93,7 +95,7 @@ def _start_nats(data_dir: Path) -> tuple[Child, str]:
         )
     port = _free_port()
     argv = [str(binary), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir / "nats")]
-    child = spawn("nats", argv, dict(os.environ), data_dir / "logs")
+    child = spawn("nats", argv, env, data_dir / "logs")
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         with socket.socket() as s:

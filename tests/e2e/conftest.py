@@ -1,0 +1,52 @@
+"""One `crescent up` per test session, on its own NATS server, reached with the openai client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from tests.e2e.stack import Stack, collect_logs
+from tests.support.nats import NatsServer
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    server = NatsServer.start(tmp_path_factory.mktemp("nats"))
+    yield server
+    server.stop()
+
+
+def stack_env(cache_dir: Path, nats_url: str, transfer: str) -> dict[str, str]:
+    return {
+        "CRESCENT_CACHE_DIR": str(cache_dir),
+        "CRESCENT_NATS_URL": nats_url,
+        "CRESCENT_TRANSFER": transfer,
+        "CRESCENT_KV_CACHE_MB": "512",
+        "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
+        "UCX_NET_DEVICES": "lo",
+        "UCX_WARN_UNUSED_ENV_VARS": "n",
+    }
+
+
+@pytest.fixture(scope="session")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, nats_server: NatsServer
+) -> Iterator[Stack]:
+    data_dir = tmp_path_factory.mktemp("stack")
+    running = Stack.start(data_dir, stack_env(cache_dir, nats_server.url, "ucx"))
+    yield running
+    status = running.stop()
+    assert status == 0, collect_logs(data_dir)
+
+
+@pytest.fixture(scope="session")
+def client(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def model_name(client: OpenAI) -> str:
+    return client.models.list().data[0].id

@@ -1,0 +1,47 @@
+"""Starting and stopping `crescent up` leaves nothing behind; the TCP transfer path works too."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+from tests.e2e.conftest import stack_env
+from tests.e2e.stack import Stack, collect_logs, processes_marked
+from tests.support.nats import NatsServer
+
+pytestmark = pytest.mark.slow
+
+
+def test_up_serves_over_tcp_and_stops_without_leftovers(
+    tmp_path: Path, cache_dir: Path, nats_server: NatsServer
+) -> None:
+    stack = Stack.start(tmp_path, stack_env(cache_dir, nats_server.url, "tcp"))
+    try:
+        children = processes_marked(stack.up_id)
+        assert len(children) >= 4, children  # gateway, scheduler, prefill, decode
+        client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+        model = client.models.list().data[0].id
+        reply = client.completions.create(
+            model=model, prompt="The capital of France is", max_tokens=8, temperature=0
+        )
+        assert reply.choices[0].text.strip().startswith("Paris")
+    finally:
+        status = stack.stop()
+    assert status == 0, collect_logs(tmp_path)
+    deadline = time.monotonic() + 10
+    while processes_marked(stack.up_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_marked(stack.up_id) == []
+
+
+def test_up_with_its_own_nats_server_cleans_up_too(tmp_path: Path, cache_dir: Path) -> None:
+    env = stack_env(cache_dir, "", "tcp")
+    stack = Stack.start(tmp_path, env)
+    names = {Path(f"/proc/{pid}/exe").resolve().name for pid in processes_marked(stack.up_id)}
+    assert "nats-server" in names
+    assert stack.stop() == 0
+    time.sleep(0.5)
+    assert processes_marked(stack.up_id) == []

@@ -1,0 +1,230 @@
+"""The whole stack through the official openai client: gateway, scheduler, a prefill node, KV
+pulled over UCX, a decode node. Real NATS, real model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import openai
+import pytest
+from openai import AsyncOpenAI, OpenAI
+
+from shared import subjects
+from shared.bus import Bus
+from shared.messages import NodeStatus
+from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
+from tests.conftest import RealEngineFactory
+from tests.e2e.stack import Stack
+from tests.support.nats import NatsServer
+
+pytestmark = pytest.mark.slow
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
+POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+def crescent_generate(cache_dir: Path, *args: str) -> str:
+    env = os.environ | {"CRESCENT_CACHE_DIR": str(cache_dir)}
+    done = subprocess.run(
+        [sys.executable, "-m", "crescent", "generate", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=True,
+    )
+    return done.stdout
+
+
+def test_greedy_chat_equals_crescent_generate(
+    client: OpenAI, model_name: str, cache_dir: Path, tmp_path: Path
+) -> None:
+    messages = tmp_path / "poem.json"
+    messages.write_text(json.dumps(POEM))
+    expected = crescent_generate(cache_dir, "--messages", str(messages), "--max-tokens", "40")
+    reply = client.chat.completions.create(
+        model=model_name,
+        messages=POEM,
+        max_tokens=40,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert reply.choices[0].message.content == expected
+    assert reply.choices[0].finish_reason == "length"
+
+
+def test_greedy_completion_equals_crescent_generate(
+    client: OpenAI, model_name: str, cache_dir: Path
+) -> None:
+    prompt = "def fibonacci(n):\n"
+    expected = crescent_generate(cache_dir, "--prompt", prompt, "--max-tokens", "30")
+    reply = client.completions.create(model=model_name, prompt=prompt, max_tokens=30, temperature=0)
+    assert reply.choices[0].text == expected
+
+
+def test_streamed_text_equals_the_whole_answer_and_usage_is_right(
+    client: OpenAI, model_name: str, tokenizer: Tokenizer, make_real_engine: RealEngineFactory
+) -> None:
+    whole = client.chat.completions.create(
+        model=model_name,
+        messages=QUESTION,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=QUESTION,
+        temperature=0,
+        stream=True,  # type: ignore[arg-type]
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == whole.choices[0].message.content == "The capital of France is Paris."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    prompt_ids = tokenizer.apply_chat_template(QUESTION)
+    out = make_real_engine().generate([prompt_ids], SamplingParams(max_tokens=64, temperature=0))
+    usage = chunks[-1].usage
+    assert usage is not None and whole.usage is not None
+    for u in (usage, whole.usage):
+        assert u.prompt_tokens == len(prompt_ids)
+        assert u.completion_tokens == len(out[0].output_token_ids)  # EOS included, as vLLM does
+        assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
+def test_stop_strings_end_the_answer_and_never_leak(client: OpenAI, model_name: str) -> None:
+    reply = client.chat.completions.create(
+        model=model_name,
+        messages=QUESTION,
+        temperature=0,
+        stop=["Paris"],  # type: ignore[arg-type]
+    )
+    assert reply.choices[0].message.content == "The capital of France is "
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_n_choices_and_seeds(client: OpenAI, model_name: str) -> None:
+    def sample(seed: int, n: int = 1) -> list[str]:
+        reply = client.completions.create(
+            model=model_name,
+            prompt="Once upon a time",
+            max_tokens=16,
+            temperature=1.0,
+            seed=seed,
+            n=n,
+        )
+        assert [c.index for c in reply.choices] == list(range(n))
+        return [c.text for c in reply.choices]
+
+    two = sample(7, n=2)
+    assert len(two) == 2 and two[0] != two[1]
+    assert sample(7) == sample(7) == two[:1]
+    assert sample(8) != sample(7)
+
+
+def test_logprobs(client: OpenAI, model_name: str) -> None:
+    reply = client.chat.completions.create(
+        model=model_name,
+        messages=QUESTION,
+        temperature=0,
+        logprobs=True,  # type: ignore[arg-type]
+        top_logprobs=3,
+        max_tokens=6,
+    )
+    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == reply.usage.completion_tokens  # type: ignore[union-attr]
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        assert entry.token == entry.top_logprobs[0].token  # greedy picks the most likely
+        assert entry.logprob <= 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "status", "needle"),
+    [
+        ({"temperature": 5}, 400, "temperature"),
+        ({"model": "no-such-model"}, 404, "no-such-model"),
+        ({"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "8192"),
+        ({"logit_bias": {"1": 5}}, 400, "logit_bias"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_the_stack_keeps_serving(
+    client: OpenAI, model_name: str, kwargs: dict[str, object], status: int, needle: str
+) -> None:
+    request = {"model": model_name, "messages": QUESTION, "max_tokens": 4} | kwargs
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(**request)  # type: ignore[call-overload]
+    assert err.value.status_code == status
+    body = err.value.response.json()
+    assert set(body["error"]) >= {"message", "type", "param", "code"}
+    assert needle in body["error"]["message"]
+    after = client.chat.completions.create(
+        model=model_name,
+        messages=QUESTION,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    assert after.choices[0].message.content == "The capital of France is Paris."
+
+
+def test_prefill_and_decode_are_separate_processes_and_kv_crosses_ucx(
+    client: OpenAI, model_name: str, nats_server: NatsServer, stack: Stack
+) -> None:
+    client.chat.completions.create(
+        model=model_name,
+        messages=POEM,
+        max_tokens=8,
+        temperature=0,  # type: ignore[arg-type]
+    )
+    beats = asyncio.run(latest_heartbeats(nats_server.url))
+    prefill, decode = beats["prefill-0"], beats["decode-0"]
+    assert prefill.pid != decode.pid and stack.proc.pid not in (prefill.pid, decode.pid)
+    assert prefill.transfer_kind == "ucx"
+    assert prefill.kv_bytes_sent > 0
+    assert decode.kv_bytes_received > 0
+
+
+async def latest_heartbeats(nats_url: str) -> dict[str, NodeStatus]:
+    bus = await Bus.connect(nats_url, "e2e-observer")
+    beats: dict[str, NodeStatus] = {}
+
+    async def on_beat(status: NodeStatus) -> None:
+        beats[status.node_id] = status
+
+    await bus.subscribe(subjects.HEARTBEATS, NodeStatus, on_beat)
+    await asyncio.sleep(1.5)  # three heartbeat intervals
+    await bus.close()
+    return beats
+
+
+def test_sixteen_concurrent_streams_all_complete_correctly(
+    stack: Stack, model_name: str, tokenizer: Tokenizer, make_real_engine: RealEngineFactory
+) -> None:
+    questions = [f"Count from {i} to {i + 5}, separated by commas." for i in range(16)]
+    params = SamplingParams(max_tokens=24, temperature=0)
+    expected = [
+        tokenizer.decode(
+            make_real_engine()
+            .generate([tokenizer.apply_chat_template([{"role": "user", "content": q}])], params)[0]
+            .output_token_ids
+        )
+        for q in questions
+    ]
+
+    async def one(aclient: AsyncOpenAI, question: str) -> str:
+        stream = await aclient.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": question}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+    async def all_of_them() -> list[str]:
+        aclient = AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=300)
+        return await asyncio.gather(*(one(aclient, q) for q in questions))
+
+    assert asyncio.run(all_of_them()) == expected

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 import numpy as np
 
@@ -38,7 +38,6 @@ class TransferError(CrescentError):
     """
 
 
-@runtime_checkable
 class TransferServer(Protocol):
     """Serves block pulls from a ``BlockProvider``.
 
@@ -70,7 +69,6 @@ class TransferServer(Protocol):
         ...
 
 
-@runtime_checkable
 class TransferClient(Protocol):
     """Pulls blocks from servers into caller-owned buffers.
 
@@ -145,7 +143,7 @@ def create_server(
 def create_client(kind: str, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> TransferClient:
     """A client of ``kind`` whose pulls time out after ``timeout_s`` unless told otherwise."""
     if check_kind(kind) == "tcp":
-        from shared.transfer.tcp import TcpTransferClient
+        from shared.transfer.tcp_client import TcpTransferClient
 
         return TcpTransferClient(timeout_s=timeout_s)
     from shared.transfer.ucx_client import UcxTransferClient

@@ -1,48 +1,38 @@
 """Block pulls over plain TCP: the fallback transport, and the one for hosts without UCX.
 
 Both ends use raw non-blocking sockets on the event loop rather than asyncio streams: the client
-receives each block straight into its destination with ``sock_recv_into`` (streams would copy
-every byte once more and run at about half the speed), and the server sends from the provider's
-buffers with ``sock_sendall`` without staging them.
+(``tcp_client``) receives each block straight into its destination with ``sock_recv_into``
+(streams would copy every byte once more and run at about half the speed), and the server here
+sends from the provider's buffers with ``sock_sendall`` without staging them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import itertools
 import logging
 import socket
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
 from shared.transfer.base import (
     DEFAULT_SEND_TIMEOUT_S,
-    DEFAULT_TIMEOUT_S,
     BlockProvider,
-    BufferLike,
     TransferError,
 )
 from shared.transfer.wire import (
-    REPLY_HEAD_BYTES,
     REQUEST_HEAD_BYTES,
     PullRequest,
     Reply,
     Status,
     answer,
-    check_pull,
-    decode_reply,
     decode_request,
-    reply_message_bytes,
     request_body_bytes,
 )
 
 log = logging.getLogger(__name__)
 
 ADDRESS_PREFIX = b"tcp:"
-# Idle connections kept per peer; more concurrent pulls than this open extra ones that are
-# closed afterwards, so a burst does not leave sockets behind for good.
-MAX_IDLE_PER_PEER = 4
+_WILDCARDS = ("", "0.0.0.0", "::")
 
 
 class PeerClosedError(ConnectionError):
@@ -61,6 +51,9 @@ async def recv_exactly(
 
 
 def encode_address(host: str, port: int) -> bytes:
+    if host in _WILDCARDS:
+        # Bound to every interface, but peers need one they can reach: this host's own name.
+        host = socket.gethostbyname(socket.gethostname())
     return ADDRESS_PREFIX + f"{host}:{port}".encode()
 
 
@@ -116,8 +109,12 @@ class TcpTransferServer:
         except OSError as exc:
             sock.close()
             raise TransferError(f"cannot listen on {self._host}: {exc}") from exc
+        try:
+            self._address = encode_address(self._host, sock.getsockname()[1])
+        except OSError as exc:
+            sock.close()
+            raise TransferError(f"no address to publish for {self._host!r}: {exc}") from exc
         self._sock = sock
-        self._address = encode_address(self._host, sock.getsockname()[1])
         self._spawn(self._accept_loop(sock))
 
     async def close(self) -> None:
@@ -188,114 +185,3 @@ class TcpTransferServer:
                 await loop.sock_sendall(conn, view)
         self.bytes_sent += result.reply.total_bytes
         self.blocks_sent += len(result.views)
-
-
-class TcpTransferClient:
-    """Pulls blocks over TCP, one connection per pull in flight, reused from a per-peer pool.
-
-    Owns every socket it opened. Invariant: a pooled connection sits exactly between two pulls
-    (nothing left unread), so a pull that fails mid-stream closes its connection instead.
-    """
-
-    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        self._timeout_s = timeout_s
-        # One connection per pull in flight rather than one locked connection per peer: a
-        # stream carries one reply at a time, so a lock would queue a small pull behind a large
-        # one, and a pull that times out mid-stream would take the shared connection with it.
-        self._idle: dict[tuple[str, int], list[socket.socket]] = {}
-        self._open: set[socket.socket] = set()
-        self._ids = itertools.count(1)
-        self.bytes_received = 0
-        self.blocks_received = 0
-
-    async def pull(
-        self,
-        address: bytes,
-        lease_id: str,
-        block_ids: Sequence[int],
-        dest: Sequence[BufferLike],
-        timeout_s: float | None = None,
-    ) -> int:
-        views = check_pull(lease_id, block_ids, dest)
-        peer = decode_address(address)
-        request = PullRequest(
-            next(self._ids), lease_id, tuple(block_ids), tuple(v.nbytes for v in views)
-        )
-        timeout = self._timeout_s if timeout_s is None else timeout_s
-        where = f"pull of {len(views)} blocks of lease {lease_id!r} from {peer[0]}:{peer[1]}"
-        sock: socket.socket | None = None
-        reply: Reply | None = None
-        try:
-            async with asyncio.timeout(timeout):
-                sock = self._take_idle(peer) or await self._connect(peer)
-                reply = await self._exchange(sock, request, views)
-        except TimeoutError:
-            raise TransferError(f"{where} timed out after {timeout:g} s") from None
-        except OSError as exc:
-            raise TransferError(f"{where} failed: peer gone ({exc})") from exc
-        except ValueError as exc:
-            raise TransferError(f"{where} failed: malformed reply ({exc})") from exc
-        finally:
-            # Without a whole reply the stream stopped mid-message and cannot carry another.
-            if sock is not None and reply is not None and reply.status != Status.BAD_REQUEST:
-                self._put_idle(peer, sock)
-            elif sock is not None:
-                self._discard(sock)
-        assert reply is not None  # the try block either set it or raised
-        reply.raise_for_status(where)
-        self.bytes_received += reply.total_bytes
-        self.blocks_received += len(views)
-        return reply.total_bytes
-
-    async def close(self) -> None:
-        for sock in list(self._open):
-            self._discard(sock)
-        self._idle.clear()
-
-    async def _exchange(
-        self, sock: socket.socket, request: PullRequest, views: list[memoryview]
-    ) -> Reply:
-        loop = asyncio.get_running_loop()
-        await loop.sock_sendall(sock, request.encode())
-        head = memoryview(bytearray(REPLY_HEAD_BYTES))
-        await recv_exactly(loop, sock, head)
-        text = memoryview(bytearray(reply_message_bytes(head)))
-        await recv_exactly(loop, sock, text)
-        reply = decode_reply(bytes(head) + bytes(text))
-        if reply.request_id != request.request_id and reply.status != Status.BAD_REQUEST:
-            raise ValueError(f"reply to request {reply.request_id}, not {request.request_id}")
-        if reply.status == Status.OK:
-            for view in views:
-                await recv_exactly(loop, sock, view)
-        return reply
-
-    async def _connect(self, peer: tuple[str, int]) -> socket.socket:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(peer[0], peer[1], type=socket.SOCK_STREAM)
-        family, kind, proto, _, sockaddr = infos[0]
-        sock = socket.socket(family, kind, proto)
-        sock.setblocking(False)
-        self._open.add(sock)
-        try:
-            await loop.sock_connect(sock, sockaddr)
-        except BaseException:
-            self._discard(sock)
-            raise
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return sock
-
-    def _take_idle(self, peer: tuple[str, int]) -> socket.socket | None:
-        idle = self._idle.get(peer)
-        return idle.pop() if idle else None
-
-    def _put_idle(self, peer: tuple[str, int], sock: socket.socket) -> None:
-        idle = self._idle.setdefault(peer, [])
-        if len(idle) < MAX_IDLE_PER_PEER and sock in self._open:
-            idle.append(sock)
-        else:
-            self._discard(sock)
-
-    def _discard(self, sock: socket.socket) -> None:
-        self._open.discard(sock)
-        with contextlib.suppress(OSError):
-            sock.close()

@@ -12,8 +12,10 @@ so a pull is three kinds of tag messages:
 The server receives requests on its worker (it has no endpoint to the client yet) and answers
 through an endpoint made from ``reply_to``. The client posts every receive before sending the
 request, so each block lands in its destination the moment it arrives; an error reply completes
-those receives with empty messages instead of leaving them posted. A tag is 64 bits: the top byte
-names the kind, then a 40-bit request id unique within the client process, then a block index.
+those receives with empty messages instead of leaving them posted, and a pull that times out
+cancels them (see ``ucx_endpoints``), so nothing is written after ``pull`` returns. A tag is 64
+bits: the top byte names the kind, then a 40-bit request id unique within the client process,
+then a block index.
 
 ucxx is imported here only, and only on first use: importing it is slow and it is a large,
 optional dependency.
@@ -21,13 +23,17 @@ optional dependency.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import secrets
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from shared.transfer.base import BufferLike, TransferError
+from shared.transfer.ucx_endpoints import Endpoints, Inboxes
 from shared.transfer.wire import MAX_BLOCKS_PER_PULL
 
 ADDRESS_PREFIX = b"ucx:"
@@ -37,6 +43,9 @@ _BLOCK_KIND = 0xC2
 _ID_BITS = 40
 _INDEX_BITS = 16
 assert MAX_BLOCKS_PER_PULL <= 1 << _INDEX_BITS
+_SPIN_S = 0.002
+_FIRST_BACKOFF_S = 50e-6
+_MAX_BACKOFF_S = 0.002
 _UNAVAILABLE = "the UCX transfer transport cannot work here (set CRESCENT_TRANSFER=tcp): "
 
 # Process-wide, not per client: every client in a process shares the one UCX worker, so ids
@@ -65,11 +74,38 @@ def worker_address_of(address: bytes) -> bytes:
     return address[len(ADDRESS_PREFIX) :]
 
 
-class Ucx:
-    """The process's ucxx: the module and the request-level calls this transport makes.
+@dataclass(frozen=True, slots=True)
+class Posted:
+    """A posted UCX request and the buffer it reads or fills.
 
-    Owns nothing beyond references to ucxx; the UCX context and worker are ucxx's, one per
-    process. Invariant: ``address`` is the worker address once ``attach`` has succeeded.
+    Invariant: holds the buffer for as long as the request is held. A ucxx request does not
+    keep its buffer alive, and UCX may touch it well after posting: a send that finds the
+    shared-memory queue full copies its bytes only when there is room.
+    """
+
+    request: Any
+    buffer: Any
+
+    async def wait(self) -> None:
+        # ucxx's own wait re-checks on every loop turn, so a receive that waits for the next
+        # request keeps a core busy forever. Spin only briefly (blocks arrive back to back),
+        # then back off: the loop sleeps in epoll, woken by UCX's event fd when data comes.
+        request = self.request
+        spin_until = time.monotonic() + _SPIN_S
+        delay = 0.0
+        while not request.completed:
+            await asyncio.sleep(delay)
+            if time.monotonic() > spin_until:
+                delay = min(max(2 * delay, _FIRST_BACKOFF_S), _MAX_BACKOFF_S)
+        request.check_error()
+
+
+class Ucx:
+    """The process's ucxx: the module, the request-level calls this transport makes, and the
+    endpoints every server and client of the process share.
+
+    Owns the endpoint caches; the UCX context and worker are ucxx's, one per process.
+    Invariant: ``address`` and ``inboxes`` are set once ``attach`` has succeeded.
     """
 
     def __init__(self, module: Any, api: Any, array: Any) -> None:
@@ -77,6 +113,13 @@ class Ucx:
         self._api = api
         self._array = array
         self.address = b""
+        self.endpoints = Endpoints(module)
+        self._inboxes: Inboxes | None = None
+
+    @property
+    def inboxes(self) -> Inboxes:
+        assert self._inboxes is not None, "attach() first"
+        return self._inboxes
 
     def attach(self) -> bytes:
         """Progress UCX on the running loop; returns this process's worker address."""
@@ -86,6 +129,7 @@ class Ucx:
             self.module.continuous_ucx_progress()
             if not self.address:
                 self.address = bytes(self.module.get_worker_address().tobytes())
+                self._inboxes = Inboxes(self.module, self.address)
         except Exception as exc:
             raise TransferError(f"{_UNAVAILABLE}cannot start a UCX worker ({exc!r})") from exc
         return self.address
@@ -94,17 +138,19 @@ class Ucx:
     # every loop turn; with one per block the loop spends more time polling than UCX spends
     # copying (measured: 10-15% of throughput at 12 blocks). Posting at the binding level and
     # awaiting the requests in order keeps a single waiter alive while UCX moves them all.
-    def post_send(self, ep: Any, data: BufferLike, tag: int) -> Any:
-        return self._raw(ep).tag_send(self._array(data), self._api.UCXXTag(tag))
+    def post_send(self, ep: Any, data: BufferLike, tag: int) -> Posted:
+        array = self._array(data)
+        return Posted(self._raw(ep).tag_send(array, self._api.UCXXTag(tag)), array)
 
-    def post_recv(self, ep: Any, buf: BufferLike, tag: int) -> Any:
+    def post_recv(self, ep: Any, buf: BufferLike, tag: int) -> Posted:
+        array = self._array(buf)
         tag_obj = self._api.UCXXTag(tag)
-        return self._raw(ep).tag_recv(self._array(buf), tag_obj, self._api.UCXXTagMaskFull)
+        return Posted(self._raw(ep).tag_recv(array, tag_obj, self._api.UCXXTagMaskFull), array)
 
     @staticmethod
-    async def wait_all(requests: Sequence[Any]) -> None:
-        for request in requests:
-            await request.wait()
+    async def wait_all(posted: Sequence[Posted]) -> None:
+        for one in posted:
+            await one.wait()
 
     @staticmethod
     def _raw(ep: Any) -> Any:
@@ -118,9 +164,15 @@ def load_ucx() -> Ucx:
     """The process's ucxx binding, imported on first use; ``TransferError`` where it cannot."""
     global _binding
     if _binding is None:
-        # ucxx reads these once, when its context is created. Polling progress: the default
-        # progress thread fights the event loop for the GIL and halves throughput on 2 cores.
-        os.environ.setdefault("UCXPY_PROGRESS_MODE", "polling")
+        # ucxx reads these once, when its context is created. Progress runs in ucxx's thread,
+        # which sleeps while idle. Polling progress pulls ~2.5x faster (bench/transfer.py) but
+        # keeps a core busy for as long as the process lives, idle or not: on a small host
+        # running several nodes that starves the engines. Set UCXPY_PROGRESS_MODE=polling
+        # where cores are spare. Shared memory keeps UCX's default protocol, where the client
+        # copies each block straight out of the server's memory (CMA): without CMA, blocks go
+        # through FIFOs that need both processes on a core at once, and pulls fall to a tenth
+        # of TCP's speed once the host is busy.
+        os.environ.setdefault("UCXPY_PROGRESS_MODE", "thread")
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         try:
             import ucxx

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -18,25 +17,26 @@ from shared.transfer.base import (
 from shared.transfer.ucx import (
     ADDRESS_PREFIX,
     REQUEST_TAG,
+    Posted,
     block_tag,
     load_ucx,
     reply_tag,
 )
-from shared.transfer.ucx_endpoints import Endpoints, StaleRequestError
 from shared.transfer.wire import MAX_REQUEST_BYTES, PullRequest, answer, decode_request
 
 log = logging.getLogger(__name__)
 
 _EMPTY = np.empty(0, dtype=np.uint8)
+_DRAIN_S = 5.0
 _serving: UcxTransferServer | None = None
 
 
 class UcxTransferServer:
     """Serves pulls on this process's UCX worker.
 
-    Owns the request receiver, the endpoints back to clients and one task per pull.
-    Invariant: at most one is started per process, since requests arrive on one fixed tag of the
-    process-wide worker.
+    Owns the request receiver and one task per pull; endpoints back to clients are the
+    process's. Invariant: at most one is started per process, since requests arrive on one
+    fixed tag of the process-wide worker.
     """
 
     def __init__(
@@ -46,7 +46,6 @@ class UcxTransferServer:
         self._provider = provider
         self._send_timeout_s = send_timeout_s
         self._address = b""
-        self._endpoints = Endpoints(self._ucx.module, own_epochs=False)
         self._receiver: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
@@ -73,11 +72,14 @@ class UcxTransferServer:
             return
         self._closing = True
         await self._wake_receiver()
+        # Pulls in flight finish first: their clients read this process's memory directly, and
+        # UCX aborts a client whose server vanishes in the middle of such a read.
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=_DRAIN_S)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        self._endpoints.close()
         _serving = None
 
     async def _wake_receiver(self) -> None:
@@ -85,24 +87,23 @@ class UcxTransferServer:
         # message to ourselves stops it cleanly, and keeps it from swallowing the first request
         # meant for a server started later in this process.
         assert self._receiver is not None
-        own = self._address[len(ADDRESS_PREFIX) :]
         try:
             async with asyncio.timeout(2.0):
-                peer = await self._endpoints.acquire(own, epoch=0)
-                try:
-                    await self._ucx.post_send(peer.ep, memoryview(b"\0"), REQUEST_TAG).wait()
-                    await self._receiver
-                finally:
-                    self._endpoints.release(peer)
+                ep = await self._ucx.endpoints.get(self._ucx.address)
+                await self._ucx.post_send(ep, memoryview(b"\0"), REQUEST_TAG).wait()
+                await self._receiver
         except Exception as exc:
             log.warning("UCX transfer receiver did not stop cleanly: %r", exc)
             self._receiver.cancel()
 
     async def _receive_requests(self) -> None:
         buf = np.empty(MAX_REQUEST_BYTES, dtype=np.uint8)
+        # Tag receives match messages from every sender; posting through the endpoint to
+        # ourselves just gives the receive the backing-off wait of ``Posted``.
+        own = await self._ucx.endpoints.get(self._ucx.address)
         while not self._closing:
             try:
-                await self._ucx.module.recv(buf, tag=REQUEST_TAG)
+                await self._ucx.post_recv(own, buf, REQUEST_TAG).wait()
             except Exception as exc:  # e.g. a request over the size limit: drop that one
                 log.warning("dropped a UCX transfer request: %r", exc)
                 await asyncio.sleep(0.01)  # a broken worker must not turn this into a spin
@@ -121,33 +122,20 @@ class UcxTransferServer:
     async def _serve(self, request: PullRequest) -> None:
         rid = request.request_id
         result = answer(self._provider, request)
-        try:
-            peer = await self._endpoints.acquire(request.reply_to, request.reply_epoch)
-        except StaleRequestError:
-            return  # its client has given up on it and no longer listens on that endpoint
-        except Exception as exc:
-            log.info("cannot reach the client of UCX pull %d: %r", rid, exc)
-            return
+        # On an error reply the client's block receives are posted all the same; empty
+        # messages complete them without touching its buffers.
+        views: Sequence[BufferLike] = result.views or [_EMPTY] * len(request.block_ids)
         try:
             async with asyncio.timeout(self._send_timeout_s):
-                ep = peer.ep
-                sends: list[Any] = [
-                    self._ucx.post_send(ep, memoryview(result.reply.encode()), reply_tag(rid))
-                ]
-                # On an error reply the client's block receives are posted all the same; empty
-                # messages complete them without touching its buffers.
-                views: Sequence[BufferLike] = result.views or [_EMPTY] * len(request.block_ids)
-                sends += [
-                    self._ucx.post_send(ep, view, block_tag(rid, i)) for i, view in enumerate(views)
-                ]
+                ep = await self._ucx.endpoints.get(request.reply_to)
+                post = self._ucx.post_send
+                sends: list[Posted] = [post(ep, memoryview(result.reply.encode()), reply_tag(rid))]
+                sends += [post(ep, view, block_tag(rid, i)) for i, view in enumerate(views)]
                 await self._ucx.wait_all(sends)
         except Exception as exc:
-            # The client died or gave up on this pull. Sends still posted on the endpoint are
-            # only released by closing it, which waits until no other pull is using it.
+            # The client died or gave up on this pull. Its sends stay posted: cancelling them
+            # would mean closing the endpoint, which can freeze this loop (see ucx_endpoints).
             log.info("UCX pull %d not delivered: %r", rid, exc)
-            self._endpoints.retire(request.reply_to, peer, now=False)
             return
-        finally:
-            self._endpoints.release(peer)
         self.bytes_sent += result.reply.total_bytes
         self.blocks_sent += len(result.views)

@@ -1,7 +1,7 @@
 """The bytes of a pull, shared by every transport, and the server's answer to one.
 
 A pull is one request (the lease, the block ids and the byte size the client expects for each,
-plus, for UCX, the worker address and endpoint epoch to answer to), one reply header (a status,
+plus, for UCX, the worker address to answer to), one reply header (a status,
 and a message on error), then the raw bytes of every block in order. The client states the sizes
 up front so the server refuses a mismatch before sending anything: no transport ever has to drain
 or truncate.
@@ -25,8 +25,8 @@ MAX_LEASE_BYTES = 1024
 MAX_REPLY_TO_BYTES = 8192
 MAX_MESSAGE_BYTES = 1024
 
-# magic, version, lease length, request id, reply epoch, reply-to length, block count
-_REQUEST_HEAD = struct.Struct("<4sHHQIHI")
+# magic, version, lease length, request id, reply-to length, block count
+_REQUEST_HEAD = struct.Struct("<4sHHQHI")
 # magic, version, status, request id, total block bytes, message length
 _REPLY_HEAD = struct.Struct("<4sHHQQI")
 REQUEST_HEAD_BYTES = _REQUEST_HEAD.size
@@ -54,13 +54,12 @@ class PullRequest:
     block_ids: tuple[int, ...]
     sizes: tuple[int, ...]
     reply_to: bytes = b""
-    reply_epoch: int = 0
 
     def encode(self) -> bytes:
         lease = self.lease_id.encode("utf-8")
         n = len(self.block_ids)
         head = _REQUEST_HEAD.pack(
-            MAGIC, VERSION, len(lease), self.request_id, self.reply_epoch, len(self.reply_to), n
+            MAGIC, VERSION, len(lease), self.request_id, len(self.reply_to), n
         )
         ids = struct.pack(f"<{n}Q", *self.block_ids)
         sizes = struct.pack(f"<{n}Q", *self.sizes)
@@ -69,7 +68,7 @@ class PullRequest:
 
 def request_body_bytes(head: bytes | memoryview) -> int:
     """How many bytes follow a request head; raises ``ValueError`` on a malformed one."""
-    magic, version, lease_len, _, _, reply_len, n = _REQUEST_HEAD.unpack_from(head)
+    magic, version, lease_len, _, reply_len, n = _REQUEST_HEAD.unpack_from(head)
     if magic != MAGIC or version != VERSION:
         raise ValueError(f"not a version-{VERSION} pull request")
     if n > MAX_BLOCKS_PER_PULL or lease_len > MAX_LEASE_BYTES or reply_len > MAX_REPLY_TO_BYTES:
@@ -83,14 +82,14 @@ def decode_request(message: bytes | memoryview) -> PullRequest:
     body_len = request_body_bytes(view)
     if len(view) < REQUEST_HEAD_BYTES + body_len:
         raise ValueError("truncated pull request")
-    _, _, lease_len, request_id, epoch, reply_len, n = _REQUEST_HEAD.unpack_from(view)
+    _, _, lease_len, request_id, reply_len, n = _REQUEST_HEAD.unpack_from(view)
     at = REQUEST_HEAD_BYTES
     lease = bytes(view[at : at + lease_len]).decode("utf-8")
     at += lease_len
     ids = struct.unpack_from(f"<{n}Q", view, at)
     sizes = struct.unpack_from(f"<{n}Q", view, at + 8 * n)
     at += 16 * n
-    return PullRequest(request_id, lease, ids, sizes, bytes(view[at : at + reply_len]), epoch)
+    return PullRequest(request_id, lease, ids, sizes, bytes(view[at : at + reply_len]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,136 @@
+"""The TCP pulling client: one connection per pull in flight, reused from a per-peer pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+from collections.abc import Sequence
+
+from shared.transfer.base import DEFAULT_TIMEOUT_S, BufferLike, TransferError
+from shared.transfer.tcp import decode_address, recv_exactly
+from shared.transfer.wire import (
+    REPLY_HEAD_BYTES,
+    PullRequest,
+    Reply,
+    Status,
+    check_pull,
+    decode_reply,
+    reply_message_bytes,
+)
+
+# Idle connections kept per peer; more concurrent pulls than this open extra ones that are
+# closed afterwards, so a burst does not leave sockets behind for good.
+MAX_IDLE_PER_PEER = 4
+
+
+class TcpTransferClient:
+    """Pulls blocks over TCP, one connection per pull in flight, reused from a per-peer pool.
+
+    Owns every socket it opened. Invariant: a pooled connection sits exactly between two pulls
+    (nothing left unread), so a pull that fails mid-stream closes its connection instead.
+    """
+
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self._timeout_s = timeout_s
+        # One connection per pull in flight rather than one locked connection per peer: a
+        # stream carries one reply at a time, so a lock would queue a small pull behind a large
+        # one, and a pull that times out mid-stream would take the shared connection with it.
+        self._idle: dict[tuple[str, int], list[socket.socket]] = {}
+        self._open: set[socket.socket] = set()
+        self._ids = itertools.count(1)
+        self.bytes_received = 0
+        self.blocks_received = 0
+
+    async def pull(
+        self,
+        address: bytes,
+        lease_id: str,
+        block_ids: Sequence[int],
+        dest: Sequence[BufferLike],
+        timeout_s: float | None = None,
+    ) -> int:
+        views = check_pull(lease_id, block_ids, dest)
+        peer = decode_address(address)
+        request = PullRequest(
+            next(self._ids), lease_id, tuple(block_ids), tuple(v.nbytes for v in views)
+        )
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        where = f"pull of {len(views)} blocks of lease {lease_id!r} from {peer[0]}:{peer[1]}"
+        sock: socket.socket | None = None
+        reply: Reply | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                sock = self._take_idle(peer) or await self._connect(peer)
+                reply = await self._exchange(sock, request, views)
+        except TimeoutError:
+            raise TransferError(f"{where} timed out after {timeout:g} s") from None
+        except OSError as exc:
+            raise TransferError(f"{where} failed: peer gone ({exc})") from exc
+        except ValueError as exc:
+            raise TransferError(f"{where} failed: malformed reply ({exc})") from exc
+        finally:
+            # Without a whole reply the stream stopped mid-message and cannot carry another.
+            if sock is not None and reply is not None and reply.status != Status.BAD_REQUEST:
+                self._put_idle(peer, sock)
+            elif sock is not None:
+                self._discard(sock)
+        assert reply is not None  # the try block either set it or raised
+        reply.raise_for_status(where)
+        self.bytes_received += reply.total_bytes
+        self.blocks_received += len(views)
+        return reply.total_bytes
+
+    async def close(self) -> None:
+        for sock in list(self._open):
+            self._discard(sock)
+        self._idle.clear()
+
+    async def _exchange(
+        self, sock: socket.socket, request: PullRequest, views: list[memoryview]
+    ) -> Reply:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(sock, request.encode())
+        head = memoryview(bytearray(REPLY_HEAD_BYTES))
+        await recv_exactly(loop, sock, head)
+        text = memoryview(bytearray(reply_message_bytes(head)))
+        await recv_exactly(loop, sock, text)
+        reply = decode_reply(bytes(head) + bytes(text))
+        if reply.request_id != request.request_id and reply.status != Status.BAD_REQUEST:
+            raise ValueError(f"reply to request {reply.request_id}, not {request.request_id}")
+        if reply.status == Status.OK:
+            for view in views:
+                await recv_exactly(loop, sock, view)
+        return reply
+
+    async def _connect(self, peer: tuple[str, int]) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(peer[0], peer[1], type=socket.SOCK_STREAM)
+        family, kind, proto, _, sockaddr = infos[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        self._open.add(sock)
+        try:
+            await loop.sock_connect(sock, sockaddr)
+        except BaseException:
+            self._discard(sock)
+            raise
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _take_idle(self, peer: tuple[str, int]) -> socket.socket | None:
+        idle = self._idle.get(peer)
+        return idle.pop() if idle else None
+
+    def _put_idle(self, peer: tuple[str, int], sock: socket.socket) -> None:
+        idle = self._idle.setdefault(peer, [])
+        if len(idle) < MAX_IDLE_PER_PEER and sock in self._open:
+            idle.append(sock)
+        else:
+            self._discard(sock)
+
+    def _discard(self, sock: socket.socket) -> None:
+        self._open.discard(sock)
+        with contextlib.suppress(OSError):
+            sock.close()

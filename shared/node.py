@@ -55,6 +55,11 @@ def output_chunk(out: RequestOutput, num_cached_tokens: int | None = None) -> To
     )
 
 
+def error_chunk(request_id: str, message: str, code: int) -> TokenChunk:
+    """Tells the gateway a request failed; ``code`` is the HTTP status its client should see."""
+    return TokenChunk(request_id=request_id, index=0, token_ids=[], error=message, error_code=code)
+
+
 async def heartbeat_loop(
     bus: Bus,
     interval_s: float,

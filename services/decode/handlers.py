@@ -14,9 +14,9 @@ from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import ImportSlot, RequestOutput
 from shared.errors import InvalidRequestError
 from shared.kv.hashing import block_checksum
-from shared.messages import AbortRequest, KVHandoff, LeaseRelease, TokenChunk
+from shared.messages import AbortRequest, KVHandoff, LeaseRelease
 from shared.model.kv_cache import PagedKVCache
-from shared.node import output_chunk
+from shared.node import error_chunk, output_chunk
 from shared.transfer.base import TransferClient, TransferError, create_client
 
 log = logging.getLogger(__name__)
@@ -159,7 +159,4 @@ class DecodeHandlers:
         await self.bus.publish(subjects.lease_releases(handoff.prefill_node), release)
 
     async def _error(self, request_id: str, message: str, code: int) -> None:
-        chunk = TokenChunk(
-            request_id=request_id, index=0, token_ids=[], error=message, error_code=code
-        )
-        await self.bus.publish(subjects.tokens(request_id), chunk)
+        await self.bus.publish(subjects.tokens(request_id), error_chunk(request_id, message, code))

@@ -23,10 +23,9 @@ from shared.messages import (
     KVHandoff,
     LeaseRelease,
     PrefillTask,
-    TokenChunk,
 )
 from shared.model.kv_cache import PagedKVCache
-from shared.node import output_chunk
+from shared.node import error_chunk, output_chunk
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +139,4 @@ class PrefillHandlers:
         await self.engine.call(lambda: self.engine.engine.release_held(request_id))
 
     async def _error(self, request_id: str, message: str, code: int) -> None:
-        chunk = TokenChunk(
-            request_id=request_id, index=0, token_ids=[], error=message, error_code=code
-        )
-        await self.bus.publish(subjects.tokens(request_id), chunk)
+        await self.bus.publish(subjects.tokens(request_id), error_chunk(request_id, message, code))

@@ -16,46 +16,7 @@ from shared.model import files, gguf_convert
 from shared.model.config import ModelConfig
 from shared.model.files import ModelFiles, resolve_model
 from shared.model.loader import load_state_dict
-
-TINY = ModelConfig(
-    model_id="tiny",
-    vocab_size=64,
-    hidden_size=16,
-    intermediate_size=32,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=4,
-    max_position_embeddings=128,
-    rope_theta=10000.0,
-    rms_norm_eps=1e-6,
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_ids=(2,),
-)
-
-
-def _tiny_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (c.vocab_size, c.hidden_size),
-        "model.norm.weight": (c.hidden_size,),
-        "lm_head.weight": (c.vocab_size, c.hidden_size),
-    }
-    for i in range(c.num_layers):
-        p = f"model.layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (q, c.hidden_size),
-            p + "self_attn.k_proj.weight": (kv, c.hidden_size),
-            p + "self_attn.v_proj.weight": (kv, c.hidden_size),
-            p + "self_attn.o_proj.weight": (c.hidden_size, q),
-            p + "mlp.gate_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.up_proj.weight": (c.intermediate_size, c.hidden_size),
-            p + "mlp.down_proj.weight": (c.hidden_size, c.intermediate_size),
-            p + "input_layernorm.weight": (c.hidden_size,),
-            p + "post_attention_layernorm.weight": (c.hidden_size,),
-        }
-    return shapes
+from tests.engine.conftest import TINY, tiny_weights
 
 
 def test_default_model_converts_into_cache(model_files: ModelFiles, cache_dir: Path) -> None:
@@ -139,8 +100,7 @@ def test_file_that_is_not_gguf_raises(tmp_path: Path) -> None:
 def _write_tiny_folder(folder: Path) -> dict[str, torch.Tensor]:
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(TINY.to_hf_dict()))
-    gen = torch.Generator().manual_seed(0)
-    tensors = {k: torch.randn(s, generator=gen) for k, s in _tiny_shapes(TINY).items()}
+    tensors = tiny_weights()
     names = sorted(tensors)
     half = len(names) // 2
     # Two shards, one stored in bf16, plus a buffer loaders must skip.

@@ -74,7 +74,7 @@ class ModelRunner:
         positions = torch.tensor(pos, dtype=torch.long, device=self.device)
         blocks = torch.tensor(slot_blocks, dtype=torch.long, device=self.device)
         meta = AttentionMetadata(
-            slot_rows=self.cache.token_rows(blocks, positions % bs),
+            slot_rows=self.cache.rows_by_layer(self.cache.token_rows(blocks, positions % bs)),
             num_decode=len(decode_tables),
             prefills=prefills,
         )
@@ -93,7 +93,7 @@ class ModelRunner:
         span = width * self.block_size
         lens_t = torch.tensor(lens, dtype=torch.long, device=self.device)
         mask = torch.arange(span, device=self.device).unsqueeze(0) < lens_t.unsqueeze(1)
-        chunks = self.cache.block_chunks(padded).to(self.device)
+        chunks = self.cache.chunks_by_layer(self.cache.block_chunks(padded).to(self.device))
         return chunks, mask.view(len(tables), 1, 1, span)
 
 

@@ -40,9 +40,9 @@ class PrefillChunk:
 class AttentionMetadata:
     """Everything attention needs about one packed batch; built once, used by every layer."""
 
-    slot_rows: torch.Tensor  # long [T]: layer-0 K row that receives each new token
+    slot_rows: torch.Tensor  # long [layers, 2, T]: the K and V row of each new token
     num_decode: int = 0
-    decode_chunks: torch.Tensor | None = None  # long [D, nb]: context chunks, padded
+    decode_chunks: torch.Tensor | None = None  # long [layers, 2, D * nb]: context, padded
     decode_mask: torch.Tensor | None = None  # bool [D, 1, 1, S]
     prefills: list[PrefillChunk] = field(default_factory=list)
 
@@ -60,30 +60,34 @@ def paged_attention(
     Shapes: q ``[T, heads, dim]``, k and v ``[T, kv_heads, dim]``; returns ``[T, heads, dim]``.
     """
     t, kv_heads, dim = k.shape
-    k_row, v_row = cache.layer_row_offsets(layer)
-    cache.rows.index_copy_(0, meta.slot_rows + k_row, k.reshape(t, -1))
-    cache.rows.index_copy_(0, meta.slot_rows + v_row, v.reshape(t, -1))
+    cache.rows.index_copy_(0, meta.slot_rows[layer, 0], k.reshape(t, -1))
+    cache.rows.index_copy_(0, meta.slot_rows[layer, 1], v.reshape(t, -1))
     k_chunk, v_chunk = cache.layer_chunk_offsets(layer)
 
-    def gather(chunk_ids: torch.Tensor, offset: int) -> torch.Tensor:
-        """``[B, nb]`` chunk ids -> ``[B, kv_heads, nb * block_size, dim]``, one copy."""
-        g = cache.chunks.index_select(0, (chunk_ids + offset).flatten())
-        return g.view(chunk_ids.shape[0], -1, kv_heads, dim).transpose(1, 2)
+    def gather(chunk_ids: torch.Tensor, batch: int) -> torch.Tensor:
+        """``batch * nb`` chunk ids -> ``[batch, kv_heads, nb * block_size, dim]``, one copy."""
+        g = cache.chunks.index_select(0, chunk_ids)
+        return g.view(batch, -1, kv_heads, dim).transpose(1, 2)
 
-    out = torch.empty_like(q)
     if meta.num_decode:
         assert meta.decode_chunks is not None and meta.decode_mask is not None
         d = meta.num_decode
-        keys, values = gather(meta.decode_chunks, k_chunk), gather(meta.decode_chunks, v_chunk)
-        out[:d] = _decode_attention(q[:d], keys, values, meta.decode_mask)
+        keys = gather(meta.decode_chunks[layer, 0], d)
+        values = gather(meta.decode_chunks[layer, 1], d)
+        decoded = _decode_attention(q[:d], keys, values, meta.decode_mask)
+        if not meta.prefills:
+            return decoded  # a pure decode step: no need to assemble the output
+    out = torch.empty_like(q)
+    if meta.num_decode:
+        out[: meta.num_decode] = decoded
     for chunk in meta.prefills:
         span = slice(chunk.start, chunk.start + chunk.num_new)
         if chunk.num_context == chunk.num_new:
             out[span] = _causal_attention(q[span], k[span], v[span])
         else:
-            ids = chunk.context_chunks.unsqueeze(0)
-            keys = gather(ids, k_chunk)[:, :, : chunk.num_context]
-            values = gather(ids, v_chunk)[:, :, : chunk.num_context]
+            ids = chunk.context_chunks
+            keys = gather(ids + k_chunk, 1)[:, :, : chunk.num_context]
+            values = gather(ids + v_chunk, 1)[:, :, : chunk.num_context]
             out[span] = _attention_after_prefix(q[span], keys, values, chunk)
     return out
 

@@ -53,10 +53,18 @@ class PagedKVCache:
         """What to add to a layer-0 K chunk to reach the same block's K and V in ``layer``."""
         return 2 * layer, 2 * layer + 1
 
-    def layer_row_offsets(self, layer: int) -> tuple[int, int]:
-        """What to add to a layer-0 K row to reach the same token's K and V in ``layer``."""
-        k = 2 * layer * self.layout.block_size
-        return k, k + self.layout.block_size
+    def rows_by_layer(self, rows: torch.Tensor) -> torch.Tensor:
+        """Layer-0 K rows ``[T]`` -> every layer's K and V rows ``[layers, 2, T]``, in one op
+        per step instead of two per layer."""
+        n = self.layout.num_layers
+        offsets = torch.arange(2 * n, device=rows.device).view(n, 2, 1) * self.layout.block_size
+        return rows.view(1, 1, -1) + offsets
+
+    def chunks_by_layer(self, chunks: torch.Tensor) -> torch.Tensor:
+        """Layer-0 K chunk ids (any shape, flattened) -> ``[layers, 2, N]`` for K and V."""
+        n = self.layout.num_layers
+        offsets = torch.arange(2 * n, device=chunks.device).view(n, 2, 1)
+        return chunks.reshape(1, 1, -1) + offsets
 
     def block(self, block_id: int) -> torch.Tensor:
         """The contiguous storage of one block (a view; writes go to the cache)."""

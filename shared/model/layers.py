@@ -69,10 +69,19 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Rotates ``x`` of shape ``[T, heads, head_dim]`` by each token's position."""
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [T, 1, d]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for the batch's positions, ``[T, 1, head_dim]``; looked up once per step
+        and shared by every layer."""
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotates ``x`` of shape ``[T, heads, head_dim]`` by the positions of ``tables``."""
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin

@@ -28,8 +28,7 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: tuple[torch.Tensor, torch.Tensor],
         cache: PagedKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
@@ -37,7 +36,7 @@ class LlamaAttention(nn.Module):
         qkv = self.qkv_proj(x)
         # Q and K are adjacent in the fused output: rotate them in one pass.
         qk_width = self.q_size + self.kv_size
-        qk = rope(qkv[:, :qk_width].view(t, -1, self.head_dim), positions)
+        qk = RotaryEmbedding.rotate(qkv[:, :qk_width].view(t, -1, self.head_dim), *rope)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = qkv[:, qk_width:].view(t, self.num_kv_heads, self.head_dim)
         out = paged_attention(q, k, v, self.layer, cache, meta)
@@ -70,12 +69,11 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        positions: torch.Tensor,
-        rope: RotaryEmbedding,
+        rope: tuple[torch.Tensor, torch.Tensor],
         cache: PagedKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rope, cache, meta)
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -107,8 +105,9 @@ class LlamaForCausalLM(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rope.tables(positions, x.dtype)
         for layer in self.layers:
-            x = layer(x, positions, self.rope, cache, meta)
+            x = layer(x, rope, cache, meta)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,8 @@ from shared import subjects
 from shared.bus import Bus
 from shared.config import EngineSettings
 from shared.engine.engine import EngineLoad, RequestOutput
-from shared.messages import NodeStatus, TokenChunk, TokenLogprob
+from shared.kv.hashing import scope_salt
+from shared.messages import GenerateRequest, NodeStatus, TokenChunk, TokenLogprob
 from shared.model.sampler import TokenLogprobs
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,10 @@ class NodeSettings(EngineSettings):
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     lease_ttl_s: float = Field(default=30.0, gt=0, description="held KV waits this long for a pull")
+    cache_secret: str = Field(
+        default="crescent-dev-cache-secret",
+        description="key of the per-tenant cache salts; the same on every node of a deployment",
+    )
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
 
@@ -53,6 +58,11 @@ def output_chunk(out: RequestOutput, num_cached_tokens: int | None = None) -> To
         num_prompt_tokens=out.num_prompt_tokens,
         num_cached_tokens=out.num_cached_tokens if num_cached_tokens is None else num_cached_tokens,
     )
+
+
+def request_salt(secret: str, request: GenerateRequest) -> bytes:
+    """The cache scope of a request: its tenant's, narrowed by its own ``cache_salt``."""
+    return scope_salt(secret.encode(), request.tenant, request.cache_salt)
 
 
 def error_chunk(request_id: str, message: str, code: int) -> TokenChunk:

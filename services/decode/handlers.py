@@ -16,7 +16,7 @@ from shared.errors import InvalidRequestError
 from shared.kv.hashing import block_checksum
 from shared.messages import AbortRequest, KVHandoff, LeaseRelease
 from shared.model.kv_cache import PagedKVCache
-from shared.node import error_chunk, output_chunk
+from shared.node import error_chunk, output_chunk, request_salt
 from shared.transfer.base import TransferClient, TransferError, create_client
 
 log = logging.getLogger(__name__)
@@ -29,8 +29,11 @@ class DecodeHandlers:
     either a running sequence or an error chunk to its gateway — never in silence.
     """
 
-    def __init__(self, bus: Bus, engine: AsyncEngine, cache: PagedKVCache) -> None:
+    def __init__(
+        self, bus: Bus, engine: AsyncEngine, cache: PagedKVCache, cache_secret: str
+    ) -> None:
         self.bus = bus
+        self.cache_secret = cache_secret
         self.engine = engine
         self.cache = cache
         self.waiting: deque[KVHandoff] = deque()
@@ -96,7 +99,7 @@ class DecodeHandlers:
         req = handoff.request
         rid = req.request_id
         params = req.sampling.to_params()
-        prompt, salt = list(req.prompt_token_ids), req.cache_salt.encode()
+        prompt, salt = list(req.prompt_token_ids), request_salt(self.cache_secret, req)
         try:
             slot = await self.engine.call(
                 lambda: self.engine.engine.begin_import(

@@ -18,13 +18,16 @@ log = logging.getLogger(__name__)
 
 class DecodeService:
     def __init__(self, settings: DecodeSettings) -> None:
+        self.settings = settings
         self.node = NodeRuntime(settings, "decode")
         self.handlers: DecodeHandlers | None = None
 
     async def start(self) -> None:
         node = self.node
         await node.start(self._on_outputs)
-        self.handlers = h = DecodeHandlers(node.bus, node.async_engine, node.engine.runner.cache)
+        self.handlers = h = DecodeHandlers(
+            node.bus, node.async_engine, node.engine.runner.cache, self.settings.cache_secret
+        )
         node.describe = self._describe
         await node.bus.subscribe(subjects.decode_tasks(node.node_id), KVHandoff, h.on_handoff)
         await node.bus.subscribe(subjects.ABORTS, AbortRequest, h.on_abort)

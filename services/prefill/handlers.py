@@ -25,7 +25,7 @@ from shared.messages import (
     PrefillTask,
 )
 from shared.model.kv_cache import PagedKVCache
-from shared.node import error_chunk, output_chunk
+from shared.node import error_chunk, output_chunk, request_salt
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,10 @@ class PrefillHandlers:
         node_id: str,
         transfer_kind: str,
         transfer_address: bytes,
+        cache_secret: str,
     ) -> None:
         self.bus = bus
+        self.cache_secret = cache_secret
         self.engine = engine
         self.cache = cache
         self.leases = leases
@@ -61,7 +63,7 @@ class PrefillHandlers:
         rid = req.request_id
         try:
             params = dataclasses.replace(req.sampling.to_params(), max_tokens=1)
-            prompt, salt = list(req.prompt_token_ids), req.cache_salt.encode()
+            prompt, salt = list(req.prompt_token_ids), request_salt(self.cache_secret, req)
             self.tasks[rid] = task
             await self.engine.call(
                 lambda: self.engine.engine.add_request(rid, prompt, params, salt, hold_blocks=True)

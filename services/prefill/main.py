@@ -40,6 +40,7 @@ class PrefillService:
             node.node_id,
             self.settings.transfer,
             self.server.address,
+            self.settings.cache_secret,
         )
         node.describe = self._describe
         await node.bus.subscribe(subjects.prefill_tasks(node.node_id), PrefillTask, h.on_task)

@@ -8,6 +8,7 @@ function of its arguments: the same inputs give the same hash in every process a
 from __future__ import annotations
 
 import hashlib
+import hmac
 import struct
 import sys
 from array import array
@@ -136,3 +137,14 @@ def extend_block_hashes(
 def block_checksum(data: bytes | bytearray | memoryview) -> int:
     """64-bit integrity checksum of a block's bytes, carried with the block wherever it goes."""
     return xxhash.xxh3_64_intdigest(data)
+
+
+def scope_salt(secret: bytes, tenant: str, cache_salt: str = "") -> bytes:
+    """The salt of a request's cache scope, derived on the server.
+
+    A keyed hash of the authenticated tenant, so tenants never share blocks and no client can
+    name another tenant's scope; a client's own ``cache_salt`` is appended, so it can only split
+    its tenant's scope further, never join another.
+    """
+    scope = hmac.new(secret, tenant.encode(), hashlib.sha256).digest()[:HASH_BYTES]
+    return scope + b"/" + cache_salt.encode() if cache_salt else scope

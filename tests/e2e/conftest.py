@@ -19,6 +19,10 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer
     server.stop()
 
 
+ALICE_KEY = "key-alice"
+BOB_KEY = "key-bob"
+
+
 def stack_env(cache_dir: Path, nats_url: str, transfer: str) -> dict[str, str]:
     return {
         "CRESCENT_CACHE_DIR": str(cache_dir),
@@ -26,6 +30,7 @@ def stack_env(cache_dir: Path, nats_url: str, transfer: str) -> dict[str, str]:
         "CRESCENT_TRANSFER": transfer,
         "CRESCENT_KV_CACHE_MB": "512",
         "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
+        "CRESCENT_API_KEYS": f"{ALICE_KEY}:alice,{BOB_KEY}:bob",
         "UCX_NET_DEVICES": "lo",
         "UCX_WARN_UNUSED_ENV_VARS": "n",
     }
@@ -44,7 +49,7 @@ def stack(
 
 @pytest.fixture(scope="session")
 def client(stack: Stack) -> OpenAI:
-    return OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+    return OpenAI(base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from tests.e2e.conftest import stack_env
+from tests.e2e.conftest import ALICE_KEY, stack_env
 from tests.e2e.stack import Stack, collect_logs, processes_marked
 from tests.support.nats import NatsServer
 
@@ -22,7 +22,7 @@ def test_up_serves_over_tcp_and_stops_without_leftovers(
     try:
         children = processes_marked(stack.up_id)
         assert len(children) >= 4, children  # gateway, scheduler, prefill, decode
-        client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=120)
+        client = OpenAI(base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         reply = client.completions.create(
             model=model, prompt="The capital of France is", max_tokens=8, temperature=0

@@ -20,6 +20,7 @@ from shared.messages import NodeStatus
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 from tests.conftest import RealEngineFactory
+from tests.e2e.conftest import ALICE_KEY, BOB_KEY
 from tests.e2e.stack import Stack
 from tests.support.nats import NatsServer
 
@@ -224,7 +225,33 @@ def test_sixteen_concurrent_streams_all_complete_correctly(
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     async def all_of_them() -> list[str]:
-        aclient = AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=300)
+        aclient = AsyncOpenAI(
+            base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=300
+        )
         return await asyncio.gather(*(one(aclient, q) for q in questions))
 
     assert asyncio.run(all_of_them()) == expected
+
+
+def test_tenants_do_not_share_cached_blocks(stack: Stack, model_name: str) -> None:
+    document = " ".join(
+        f"Item {i}: the {i}th line of a long shared system prompt." for i in range(60)
+    )
+    messages = [{"role": "system", "content": document}, {"role": "user", "content": "Summarize."}]
+
+    def cached(key: str) -> int:
+        client = OpenAI(base_url=stack.base_url, api_key=key, max_retries=0, timeout=120)
+        reply = client.chat.completions.create(
+            model=model_name,
+            messages=messages,
+            max_tokens=2,
+            temperature=0,  # type: ignore[arg-type]
+        )
+        assert reply.usage is not None and reply.usage.prompt_tokens > 500
+        details = reply.usage.prompt_tokens_details
+        return details.cached_tokens or 0 if details is not None else 0
+
+    assert cached(ALICE_KEY) == 0
+    assert cached(ALICE_KEY) > 500  # the same tenant reuses its prompt
+    assert cached(BOB_KEY) == 0  # another tenant does not see it
+    assert cached(BOB_KEY) > 500

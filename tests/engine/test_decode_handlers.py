@@ -53,7 +53,7 @@ async def run_handoff(
     bus = RecordingBus()
     handlers: DecodeHandlers
     engine = AsyncEngine(decode_node, lambda outs: handlers.on_outputs(outs))
-    handlers = DecodeHandlers(bus, engine, decode_node.runner.cache)  # type: ignore[arg-type]
+    handlers = DecodeHandlers(bus, engine, decode_node.runner.cache, "secret")  # type: ignore[arg-type]
     engine.start()
     request = GenerateRequest(
         request_id="r",

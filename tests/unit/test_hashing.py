@@ -173,3 +173,17 @@ def test_checksum_detects_one_flipped_byte() -> None:
     assert isinstance(original, int) and 0 <= original < 2**64
     data[1000] ^= 0x01
     assert block_checksum(data) != original
+
+
+def test_scope_salts_separate_tenants_and_cache_salts_only_narrow() -> None:
+    from shared.kv.hashing import scope_salt
+
+    secret = b"server secret"
+    alice, bob = scope_salt(secret, "alice"), scope_salt(secret, "bob")
+    assert alice == scope_salt(secret, "alice") and alice != bob
+    assert scope_salt(b"another secret", "alice") != alice
+    narrowed = scope_salt(secret, "alice", "project-x")
+    assert narrowed.startswith(alice) and narrowed != alice
+    # The same client salt under another tenant stays in that tenant's scope.
+    assert scope_salt(secret, "bob", "project-x").startswith(bob)
+    assert scope_salt(secret, "bob", "project-x") != narrowed

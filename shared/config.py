@@ -7,9 +7,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "crescent"
+from shared.model.files import default_cache_dir
 
 
 class EngineSettings(BaseSettings):
@@ -20,7 +18,7 @@ class EngineSettings(BaseSettings):
     model: str | None = Field(
         default=None, description="A .gguf file or a Hugging Face folder; default: SmolLM2-135M"
     )
-    cache_dir: Path = Field(default_factory=_default_cache_dir, description="Converted weights")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Converted weights")
     block_size: int = Field(default=32, ge=1, le=1024, description="Tokens per KV block")
     kv_cache_mb: int = Field(default=1024, ge=1, description="Memory for this node's KV pool")
     max_num_seqs: int = Field(default=64, ge=1, description="Sequences in one batch at most")

@@ -92,7 +92,6 @@ class KVHandoff(WireMessage, kw_only=True):
 
     request: GenerateRequest
     first_token: int
-    first_logprob: TokenLogprob | None = None
     prefill_node: str
     transfer_kind: str
     transfer_address: bytes

@@ -7,9 +7,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-
-def _default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "crescent"
+from shared.model.files import default_cache_dir
 
 
 def parse_api_keys(raw: str) -> dict[str, str]:
@@ -49,7 +47,7 @@ class GatewaySettings(BaseSettings):
     model: str | None = Field(
         default=None, description="A .gguf file or a Hugging Face folder; default: SmolLM2-135M"
     )
-    cache_dir: Path = Field(default_factory=_default_cache_dir, description="Converted models")
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Converted models")
     max_model_len: int | None = Field(
         default=None, ge=1, description="Context cap for prompt plus completion; default: model's"
     )

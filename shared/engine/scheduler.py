@@ -30,10 +30,6 @@ class SchedulerOutput:
     chunks: list[ScheduledChunk] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_new for c in self.chunks)
-
     def is_empty(self) -> bool:
         return not self.chunks
 

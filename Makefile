@@ -8,7 +8,7 @@ STAMP := $(VENV)/.crescent-installed
 export CRESCENT_CACHE_DIR ?= $(HOME)/.cache/crescent
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install run test lint typecheck unit bench clean
+.PHONY: install run test lint typecheck unit bench clean stubs
 
 install: $(STAMP)
 
@@ -43,3 +43,7 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache *.egg-info
+
+# Regenerates the gRPC stubs in shared/rpc from cachemeta.proto; a test checks they are current.
+stubs: install
+	$(BIN)/python -m shared.rpc.generate

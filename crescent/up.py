@@ -1,5 +1,5 @@
-"""``crescent up``: the whole stack on this machine — NATS, scheduler, prefill and decode nodes,
-and the gateway — as child processes, until Ctrl-C or SIGTERM."""
+"""``crescent up``: the whole stack on this machine — NATS, cachemeta, scheduler, prefill and
+decode nodes, and the gateway — as child processes, until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -42,9 +42,13 @@ def run(args: argparse.Namespace) -> int:
             nats, url = _start_nats(data_dir, env)
             children.append(nats)
             env["CRESCENT_NATS_URL"] = url
+        if not env.get("CRESCENT_CACHEMETA_URL"):
+            cachemeta, target = _start_cachemeta(data_dir, env)
+            children.insert(0, cachemeta)
+            env["CRESCENT_CACHEMETA_URL"] = target
         model_name = _prepare_model()
         services = _start_services(args, env, data_dir / "logs")
-        children = [*services, *children]  # stop order: gateway first, NATS last
+        children = [*services, *children]  # stop order: gateway first, cachemeta, NATS last
         _wait_ready(args, env["CRESCENT_NATS_URL"], children, stop_requested)
         print(f"Crescent is serving the OpenAI API at http://{args.host}:{args.port}/v1")
         print(f"  logs: {data_dir / 'logs'}")
@@ -96,16 +100,38 @@ def _start_nats(data_dir: Path, env: dict[str, str]) -> tuple[Child, str]:
     port = _free_port()
     argv = [str(binary), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir / "nats")]
     child = spawn("nats", argv, env, data_dir / "logs")
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return child, f"nats://127.0.0.1:{port}"
-        if not child.running:
-            break
-        time.sleep(0.05)
+    if _wait_port(child, port, 10):
+        return child, f"nats://127.0.0.1:{port}"
     stop_all([child])
     raise _Abort(f"nats-server did not start; see {child.log_path}")
+
+
+def _wait_port(child: Child, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and child.running:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.05)
+    return False
+
+
+def _start_cachemeta(data_dir: Path, env: dict[str, str]) -> tuple[Child, str]:
+    """cachemeta on a free port; its catalogue in SQLite under the data dir unless
+    ``CRESCENT_DB_URL`` names another database."""
+    port = _free_port()
+    db_url = env.get("CRESCENT_DB_URL") or f"sqlite+aiosqlite:///{data_dir / 'cachemeta.db'}"
+    child_env = env | {
+        "CRESCENT_CACHEMETA_HOST": "127.0.0.1",
+        "CRESCENT_CACHEMETA_PORT": str(port),
+        "CRESCENT_DB_URL": db_url,
+    }
+    argv = [sys.executable, "-m", "services.cachemeta"]
+    child = spawn("cachemeta", argv, child_env, data_dir / "logs")
+    if not _wait_port(child, port, 60):
+        stop_all([child])
+        raise _Abort(f"cachemeta did not start; see {child.log_path}")
+    return child, f"127.0.0.1:{port}"
 
 
 def _prepare_model() -> str:

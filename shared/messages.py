@@ -70,11 +70,43 @@ class GenerateRequest(WireMessage, kw_only=True):
     arrival_ts: float = 0.0
 
 
+class PullPlan(msgspec.Struct, kw_only=True):
+    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` are cached on ``node_id``."""
+
+    node_id: str
+    first_block: int
+    num_blocks: int
+
+
 class PrefillTask(WireMessage, kw_only=True):
-    """scheduler -> prefill node: compute the prompt, then hand the KV to ``decode_node``."""
+    """scheduler -> prefill node: compute the prompt, then hand the KV to ``decode_node``.
+
+    ``pulls`` name peers holding blocks of the prompt that this node lacks: it loads them from
+    there before computing the rest. ``predicted_ttft_s`` is the scheduler's estimate.
+    """
 
     request: GenerateRequest
     decode_node: str
+    pulls: list[PullPlan] = msgspec.field(default_factory=list)
+    predicted_ttft_s: float = 0.0
+
+
+class PinRequest(WireMessage, kw_only=True):
+    """prefill node -> peer prefill node: hold these cached blocks (a chain, first block
+    first) until I have pulled them."""
+
+    block_hashes: list[bytes]
+
+
+class PinReply(WireMessage, kw_only=True):
+    """The leading blocks of a ``PinRequest`` the peer still had, held under ``lease_id``
+    until a ``LeaseRelease`` or the lease's expiry. Empty ``block_ids``: none of them."""
+
+    lease_id: str
+    block_ids: list[int]
+    block_checksums: list[int]
+    transfer_kind: str
+    transfer_address: bytes
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -131,8 +163,24 @@ class AbortRequest(WireMessage, kw_only=True):
     request_id: str
 
 
+class StepSample(msgspec.Struct, array_like=True):
+    """One engine step: sequences in the batch, tokens computed, context tokens attended
+    over (tokens already in the KV cache of the batch), and its wall time."""
+
+    num_seqs: int
+    num_tokens: int
+    num_context_tokens: int
+    seconds: float
+
+
 class NodeStatus(WireMessage, kw_only=True):
-    """A node's heartbeat: who it is, where to pull from it, and how loaded it is."""
+    """A node's heartbeat: who it is, where to pull from it, and how loaded it is.
+
+    ``model_id``, ``block_size`` and ``kv_dtype`` let a scheduler compute the node's block
+    hashes; ``step_samples`` are the engine steps since the last beat (the data of the
+    scheduler's time model); ``fetch_bandwidth`` is the measured bytes/s of this node's pulls,
+    per source node.
+    """
 
     node_id: str
     role: str
@@ -148,6 +196,14 @@ class NodeStatus(WireMessage, kw_only=True):
     kv_bytes_sent: int = 0
     kv_bytes_received: int = 0
     pid: int = 0
+    model_id: str = ""
+    kv_dtype: str = ""
+    block_bytes: int = 0
+    max_num_batched_tokens: int = 0
+    prompt_tokens_computed: int = 0
+    prompt_tokens_cached: int = 0
+    step_samples: list[StepSample] = msgspec.field(default_factory=list)
+    fetch_bandwidth: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 M = TypeVar("M", bound=WireMessage)

@@ -7,13 +7,14 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from pydantic import Field
 
 from shared import subjects
 from shared.bus import Bus
 from shared.config import EngineSettings
-from shared.engine.engine import EngineLoad, RequestOutput
+from shared.engine.types import EngineLoad, RequestOutput
 from shared.kv.hashing import scope_salt
 from shared.messages import GenerateRequest, NodeStatus, TokenChunk, TokenLogprob
 from shared.model.sampler import TokenLogprobs
@@ -34,11 +35,33 @@ class NodeSettings(EngineSettings):
         default="crescent-dev-cache-secret",
         description="key of the per-tenant cache salts; the same on every node of a deployment",
     )
+    cachemeta_url: str = Field(
+        default="", description="host:port of cachemeta; empty: blocks are not catalogued"
+    )
+    catalogue_sync_s: float = Field(
+        default=0.2, gt=0, description="how often new and evicted blocks are sent to cachemeta"
+    )
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
 
     def resolved_node_id(self, role: str) -> str:
         return subjects.check_token(self.node_id or f"{role}-{uuid.uuid4().hex[:8]}", "node id")
+
+
+@dataclass(slots=True)
+class FetchBandwidth:
+    """Owns the measured bandwidth of this node's pulls, per source node: an exponentially
+    weighted mean of bytes/s over pulls, so one slow pull moves it but does not define it."""
+
+    weight: float = 0.3
+    by_source: dict[str, float] = field(default_factory=dict)
+
+    def record(self, source: str, num_bytes: int, seconds: float) -> None:
+        if num_bytes <= 0 or seconds <= 0:
+            return
+        rate = num_bytes / seconds
+        old = self.by_source.get(source)
+        self.by_source[source] = rate if old is None else old + self.weight * (rate - old)
 
 
 def to_wire_logprobs(entries: list[TokenLogprobs]) -> list[TokenLogprob] | None:

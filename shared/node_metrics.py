@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from shared.engine.engine import EngineStats
+from shared.engine.types import EngineStats
 from shared.messages import NodeStatus
 
 

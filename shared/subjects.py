@@ -31,6 +31,11 @@ def lease_releases(node_id: str) -> str:
     return f"{PREFIX}.leases.{node_id}"
 
 
+def peer_pins(node_id: str) -> str:
+    """prefill node -> a peer prefill node (request/reply): hold cached blocks for a pull."""
+    return f"{PREFIX}.pins.{node_id}"
+
+
 def tokens(request_id: str) -> str:
     """prefill and decode nodes -> the gateway serving the request: its output, in chunks."""
     return f"{PREFIX}.tokens.{request_id}"

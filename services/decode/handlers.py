@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import deque
 from collections.abc import Coroutine
 from typing import Any, Literal
@@ -11,12 +12,12 @@ from typing import Any, Literal
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.engine import ImportSlot, RequestOutput
+from shared.engine.types import ImportSlot, RequestOutput
 from shared.errors import InvalidRequestError
 from shared.kv.hashing import block_checksum
 from shared.messages import AbortRequest, KVHandoff, LeaseRelease
 from shared.model.kv_cache import PagedKVCache
-from shared.node import error_chunk, output_chunk, request_salt
+from shared.node import FetchBandwidth, error_chunk, output_chunk, request_salt
 from shared.transfer.base import TransferClient, TransferError, create_client
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,15 @@ class DecodeHandlers:
     """
 
     def __init__(
-        self, bus: Bus, engine: AsyncEngine, cache: PagedKVCache, cache_secret: str
+        self,
+        bus: Bus,
+        engine: AsyncEngine,
+        cache: PagedKVCache,
+        cache_secret: str,
+        bandwidth: FetchBandwidth | None = None,
     ) -> None:
         self.bus = bus
+        self.bandwidth = bandwidth or FetchBandwidth()
         self.cache_secret = cache_secret
         self.engine = engine
         self.cache = cache
@@ -136,13 +143,17 @@ class DecodeHandlers:
         if not source_ids:
             return True
         dest = [self.cache.block_buffer(b) for b in slot.block_ids]
+        started = time.perf_counter()
         try:
             client = self._client(handoff.transfer_kind)
-            await client.pull(handoff.transfer_address, handoff.lease_id, source_ids, dest)
+            received = await client.pull(
+                handoff.transfer_address, handoff.lease_id, source_ids, dest
+            )
         except TransferError as exc:
             self.pulls_failed += 1
             log.warning("pull of %s failed (%s); recomputing", handoff.lease_id, exc)
             return False
+        self.bandwidth.record(handoff.prefill_node, received, time.perf_counter() - started)
         sums = await asyncio.to_thread(lambda: [block_checksum(d.data) for d in dest])
         if sums != expected:
             self.pulls_failed += 1

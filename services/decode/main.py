@@ -8,7 +8,7 @@ import logging
 from services.decode.config import DecodeSettings
 from services.decode.handlers import DecodeHandlers
 from shared import subjects
-from shared.engine.engine import RequestOutput
+from shared.engine.types import RequestOutput
 from shared.messages import AbortRequest, KVHandoff, NodeStatus
 from shared.node_runtime import NodeRuntime
 from shared.runtime import run_service
@@ -26,7 +26,11 @@ class DecodeService:
         node = self.node
         await node.start(self._on_outputs)
         self.handlers = h = DecodeHandlers(
-            node.bus, node.async_engine, node.engine.runner.cache, self.settings.cache_secret
+            node.bus,
+            node.async_engine,
+            node.engine.runner.cache,
+            self.settings.cache_secret,
+            node.fetch_bandwidth,
         )
         node.describe = self._describe
         await node.bus.subscribe(subjects.decode_tasks(node.node_id), KVHandoff, h.on_handoff)

@@ -6,22 +6,27 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import numpy as np
 
-from services.prefill.leases import LeaseTable
+from services.prefill.leases import Lease, LeaseTable
+from services.prefill.peers import FetchedPrefix, PeerFetcher
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.async_engine import AsyncEngine
-from shared.engine.engine import RequestOutput
 from shared.engine.sequence import FinishReason
+from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
-from shared.kv.hashing import block_checksum
+from shared.kv.hashing import HASH_BYTES, block_checksum
 from shared.messages import (
     AbortRequest,
     KVHandoff,
     LeaseRelease,
+    PinReply,
+    PinRequest,
     PrefillTask,
 )
 from shared.model.kv_cache import PagedKVCache
@@ -35,7 +40,10 @@ class PrefillHandlers:
 
     Invariant: a task is in ``tasks`` from arrival until its first token is out; its blocks are
     then either released at once (the request is complete) or leased to its decode node.
+    Blocks pinned for a peer are held under a lease too, and unpinned exactly once.
     """
+
+    MAX_PIN_BLOCKS = 8192
 
     def __init__(
         self,
@@ -47,8 +55,12 @@ class PrefillHandlers:
         transfer_kind: str,
         transfer_address: bytes,
         cache_secret: str,
+        fetcher: PeerFetcher,
     ) -> None:
         self.bus = bus
+        self.fetcher = fetcher
+        self.pins_served = 0
+        self._pulls: set[asyncio.Task[None]] = set()
         self.cache_secret = cache_secret
         self.engine = engine
         self.cache = cache
@@ -59,18 +71,70 @@ class PrefillHandlers:
         self.tasks: dict[str, PrefillTask] = {}
 
     async def on_task(self, task: PrefillTask) -> None:
+        self.tasks[task.request.request_id] = task
+        if task.pulls:
+            # Pulls wait on peers; in their own task they delay only this request.
+            self._spawn(self._pull_then_start(task))
+        else:
+            await self._start(task, FetchedPrefix())
+
+    async def _pull_then_start(self, task: PrefillTask) -> None:
+        req = task.request
+        salt = request_salt(self.cache_secret, req)
+        fetched = await self.fetcher.fetch(list(req.prompt_token_ids), salt, task.pulls)
+        await self._start(task, fetched)
+
+    async def _start(self, task: PrefillTask, fetched: FetchedPrefix) -> None:
+        """Caches what was pulled, then admits the request in the same engine call, so the
+        pulled blocks are claimed before anything can evict them."""
         req = task.request
         rid = req.request_id
+        params = dataclasses.replace(req.sampling.to_params(), max_tokens=1)
+        prompt, salt = list(req.prompt_token_ids), request_salt(self.cache_secret, req)
+        engine = self.engine.engine
+        wanted = rid in self.tasks  # False: aborted while its blocks were pulled
+
+        def admit() -> None:
+            for imp, checksums in fetched.imports:
+                engine.exchange.finish_import(imp, checksums)
+            if wanted:
+                engine.add_request(rid, prompt, params, salt, hold_blocks=True)
+
         try:
-            params = dataclasses.replace(req.sampling.to_params(), max_tokens=1)
-            prompt, salt = list(req.prompt_token_ids), request_salt(self.cache_secret, req)
-            self.tasks[rid] = task
-            await self.engine.call(
-                lambda: self.engine.engine.add_request(rid, prompt, params, salt, hold_blocks=True)
-            )
+            await self.engine.call(admit)
         except InvalidRequestError as exc:
             self.tasks.pop(rid, None)
             await self._error(rid, str(exc), 400)
+
+    async def on_pin(self, request: PinRequest) -> PinReply:
+        """A peer asks to pull cached blocks: hold the leading ones still here under a lease."""
+        hashes = request.block_hashes[: self.MAX_PIN_BLOCKS]
+        if any(len(h) != HASH_BYTES for h in hashes):
+            hashes = []
+        pin_id = f"pin-{uuid.uuid4().hex}"
+        exchange = self.engine.engine.exchange
+        pinned = await self.engine.call_now(lambda: exchange.pin(pin_id, hashes)) if hashes else []
+        if pinned:
+            block_ids = [b for b, _ in pinned]
+            self.leases.grant(pin_id, pin_id, block_ids, time.monotonic(), pinned=True)
+            self.pins_served += 1
+        return PinReply(
+            lease_id=pin_id if pinned else "",
+            block_ids=[b for b, _ in pinned],
+            block_checksums=[c for _, c in pinned],
+            transfer_kind=self.transfer_kind,
+            transfer_address=self.transfer_address,
+        )
+
+    async def close(self) -> None:
+        for task in list(self._pulls):
+            task.cancel()
+        await self.fetcher.close()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._pulls.add(task)
+        task.add_done_callback(self._pulls.discard)
 
     async def on_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -81,7 +145,7 @@ class PrefillHandlers:
     async def on_release(self, release: LeaseRelease) -> None:
         lease = self.leases.pop(release.lease_id)
         if lease is not None:
-            await self._free(lease.request_id)
+            await self._end(lease)
 
     async def on_abort(self, abort: AbortRequest) -> None:
         rid = abort.request_id
@@ -89,12 +153,12 @@ class PrefillHandlers:
             await self.engine.call(lambda: self.engine.engine.abort_request(rid))
         lease = self.leases.pop(rid)
         if lease is not None:
-            await self._free(lease.request_id)
+            await self._end(lease)
 
     async def expire_leases(self) -> None:
         for lease in self.leases.expire(time.monotonic()):
             log.warning("lease %s expired before its pull; freeing its blocks", lease.lease_id)
-            await self._free(lease.request_id)
+            await self._end(lease)
 
     def provide(self, lease_id: str, block_ids: Sequence[int]) -> list[np.ndarray] | None:
         """Transfer-server callback: buffers of leased blocks, straight from the pool."""
@@ -116,7 +180,7 @@ class PrefillHandlers:
             await self._free(req.request_id)
             return
         rid = req.request_id
-        block_ids = await self.engine.call(lambda: self.engine.engine.held_block_ids(rid))
+        block_ids = await self.engine.call_now(lambda: self.engine.engine.held_block_ids(rid))
         if block_ids is None:  # aborted meanwhile
             return
         checksums = await asyncio.to_thread(self._checksums, block_ids)
@@ -137,8 +201,15 @@ class PrefillHandlers:
     def _checksums(self, block_ids: list[int]) -> list[int]:
         return [block_checksum(self.cache.block_buffer(b).data) for b in block_ids]
 
+    async def _end(self, lease: Lease) -> None:
+        if lease.pinned:
+            exchange = self.engine.engine.exchange
+            await self.engine.call_now(lambda: exchange.unpin(lease.lease_id))
+        else:
+            await self._free(lease.request_id)
+
     async def _free(self, request_id: str) -> None:
-        await self.engine.call(lambda: self.engine.engine.release_held(request_id))
+        await self.engine.call_now(lambda: self.engine.engine.release_held(request_id))
 
     async def _error(self, request_id: str, message: str, code: int) -> None:
         await self.bus.publish(subjects.tokens(request_id), error_chunk(request_id, message, code))

@@ -11,6 +11,7 @@ class Lease:
     request_id: str
     block_ids: list[int]
     expires_at: float
+    pinned: bool = False  # cached blocks pinned for a peer, not a finished request's blocks
 
 
 @dataclass(slots=True)
@@ -22,8 +23,15 @@ class LeaseTable:
     ttl_s: float
     leases: dict[str, Lease] = field(default_factory=dict)
 
-    def grant(self, lease_id: str, request_id: str, block_ids: list[int], now: float) -> Lease:
-        lease = Lease(lease_id, request_id, list(block_ids), now + self.ttl_s)
+    def grant(
+        self,
+        lease_id: str,
+        request_id: str,
+        block_ids: list[int],
+        now: float,
+        pinned: bool = False,
+    ) -> Lease:
+        lease = Lease(lease_id, request_id, list(block_ids), now + self.ttl_s, pinned)
         self.leases[lease_id] = lease
         return lease
 

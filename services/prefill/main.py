@@ -11,9 +11,10 @@ import numpy as np
 from services.prefill.config import PrefillSettings
 from services.prefill.handlers import PrefillHandlers
 from services.prefill.leases import LeaseTable
+from services.prefill.peers import PeerFetcher
 from shared import subjects
-from shared.engine.engine import RequestOutput
-from shared.messages import AbortRequest, LeaseRelease, NodeStatus, PrefillTask
+from shared.engine.types import RequestOutput
+from shared.messages import AbortRequest, LeaseRelease, NodeStatus, PinRequest, PrefillTask
 from shared.node_runtime import NodeRuntime
 from shared.runtime import run_service
 from shared.transfer.base import create_server
@@ -41,16 +42,22 @@ class PrefillService:
             self.settings.transfer,
             self.server.address,
             self.settings.cache_secret,
+            PeerFetcher(
+                node.bus, node.async_engine, node.engine.runner.cache, node.fetch_bandwidth
+            ),
         )
         node.describe = self._describe
         await node.bus.subscribe(subjects.prefill_tasks(node.node_id), PrefillTask, h.on_task)
         await node.bus.subscribe(subjects.lease_releases(node.node_id), LeaseRelease, h.on_release)
         await node.bus.subscribe(subjects.ABORTS, AbortRequest, h.on_abort)
+        await node.bus.serve(subjects.peer_pins(node.node_id), PinRequest, h.on_pin)
         node.spawn(self._expire_leases(h))
         log.info("prefill node %s serving (transfer %s)", node.node_id, self.settings.transfer)
 
     async def stop(self) -> None:
         await self.node.stop()
+        if self.handlers is not None:
+            await self.handlers.close()
         await self.server.close()
 
     async def _on_outputs(self, outputs: list[RequestOutput]) -> None:
@@ -64,6 +71,8 @@ class PrefillService:
         status.transfer_kind = self.settings.transfer
         status.transfer_address = self.server.address
         status.kv_bytes_sent = self.server.bytes_sent
+        if self.handlers is not None:
+            status.kv_bytes_received = self.handlers.fetcher.bytes_received
 
     async def _expire_leases(self, handlers: PrefillHandlers) -> None:
         while True:

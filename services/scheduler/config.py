@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from services.scheduler.cluster import CostParams
+from services.scheduler.timing import DEFAULT_PRIOR, StepCoefficients, StepTimes
 
 
 class SchedulerSettings(BaseSettings):
@@ -15,3 +20,56 @@ class SchedulerSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         default=3.0, gt=0, description="silence before a node is dead"
     )
+    cache_secret: str = Field(
+        default="crescent-dev-cache-secret",
+        description="key of the per-tenant cache salts; the same as the nodes'",
+    )
+    cachemeta_url: str = Field(
+        default="", description="host:port of cachemeta; empty: place without regard to caches"
+    )
+    placement: Literal["cost", "round_robin"] = Field(
+        default="cost",
+        description="cost: cache-aware cost model; round_robin: the cache-oblivious baseline",
+    )
+    ttft_slo_ms: float | None = Field(
+        default=None, gt=0, description="reject (429) requests predicted to exceed this TTFT"
+    )
+    match_timeout_ms: float = Field(default=100.0, gt=0, description="cachemeta lookup budget")
+    cachemeta_retry_s: float = Field(
+        default=1.0, ge=0, description="after a failed lookup, place cache-obliviously this long"
+    )
+    max_num_batched_tokens: int = Field(
+        default=2048, ge=1, description="tokens a node computes per step (the nodes' setting)"
+    )
+    default_fetch_bandwidth: float = Field(
+        default=1e9, gt=0, description="bytes/s of a pull before any node measured one"
+    )
+    default_block_bytes: int = Field(
+        default=32 * 46_080, ge=1, description="bytes of a KV block a node does not report"
+    )
+    pull_overhead_ms: float = Field(default=2.0, ge=0, description="fixed cost of one pull")
+    step_prior_base_s: float = Field(default=DEFAULT_PRIOR.base_s, ge=0)
+    step_prior_per_token_s: float = Field(default=DEFAULT_PRIOR.per_token_s, ge=0)
+    step_prior_per_attention_s: float = Field(default=DEFAULT_PRIOR.per_attention_s, ge=0)
+    step_window: int = Field(default=256, ge=1, description="step samples kept per node")
+    step_min_samples: int = Field(
+        default=16, ge=1, description="below this, a node is predicted by its role's pooled fit"
+    )
+
+    @property
+    def ttft_slo_s(self) -> float | None:
+        return None if self.ttft_slo_ms is None else self.ttft_slo_ms / 1000
+
+    def cost_params(self) -> CostParams:
+        return CostParams(
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            default_fetch_bandwidth=self.default_fetch_bandwidth,
+            default_block_bytes=self.default_block_bytes,
+            pull_overhead_s=self.pull_overhead_ms / 1000,
+        )
+
+    def step_times(self) -> StepTimes:
+        prior = StepCoefficients(
+            self.step_prior_base_s, self.step_prior_per_token_s, self.step_prior_per_attention_s
+        )
+        return StepTimes(prior, window=self.step_window, min_samples=self.step_min_samples)

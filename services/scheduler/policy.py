@@ -1,57 +1,46 @@
-"""Where a request runs: a pure function of the request and the cluster as last seen.
+"""Where a request runs: a pure function of the request, the cluster as last seen, and where
+its prompt's leading blocks are cached (Mooncake's Conductor).
 
-No I/O and no framework here, so the simulator and the unit tests run exactly this code.
+For each live prefill node the predicted time to first token (TTFT) is
+
+    queue wait + fetch time of the cached blocks it lacks + prefill time of the rest
+
+and the cheapest node wins; the decode node is the one with room whose next step is predicted
+fastest. No I/O and no framework here, so the simulator and the unit tests run exactly this code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+from services.scheduler.cluster import ClusterView, CostParams, NodeLoad
+from services.scheduler.timing import (
+    decode_step_seconds,
+    prefill_seconds,
+    queue_seconds,
+)
+from shared.rpc.types import PrefixHolder
 
-@dataclass(slots=True)
-class NodeLoad:
-    """A node as its last heartbeat described it, plus what was placed on it since."""
+__all__ = [
+    "ClusterView",
+    "CostParams",
+    "NodeLoad",
+    "Placement",
+    "PlacementRequest",
+    "PrefillCost",
+    "Pull",
+    "Rejection",
+    "blocks_needed",
+    "place",
+    "place_round_robin",
+    "predicted_tbt",
+    "prefill_costs",
+    "record_placement",
+]
 
-    node_id: str
-    role: str
-    queued_tokens: int
-    running_seqs: int
-    free_blocks: int
-    total_blocks: int
-    block_size: int
-    last_seen: float
-    draining: bool = False
-    placed_tokens: int = 0  # prompt tokens sent to a prefill node since its heartbeat
-    placed_seqs: int = 0  # sequences sent to a decode node since its heartbeat
-    placed_blocks: int = 0  # blocks those sequences will need there
-
-
-@dataclass(slots=True)
-class ClusterView:
-    """Owns the freshest view of every node. Invariant: a heartbeat resets what was placed on
-    that node, because the node's own counts now include it."""
-
-    heartbeat_timeout_s: float = 3.0
-    nodes: dict[str, NodeLoad] = field(default_factory=dict)
-
-    def update(self, node: NodeLoad) -> None:
-        self.nodes[node.node_id] = node
-
-    def live(self, role: str, now: float) -> list[NodeLoad]:
-        return [
-            n
-            for n in self.nodes.values()
-            if n.role == role and not n.draining and now - n.last_seen <= self.heartbeat_timeout_s
-        ]
-
-    def forget_dead(self, now: float) -> list[str]:
-        """Drops nodes silent for ten timeouts; returns their ids."""
-        dead = [
-            k for k, n in self.nodes.items() if now - n.last_seen > 10 * self.heartbeat_timeout_s
-        ]
-        for node_id in dead:
-            del self.nodes[node_id]
-        return dead
+#: Only blocks in a live prefill node's DRAM pool can be pulled from it for now.
+PULLABLE_TIER = "dram"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,40 +50,203 @@ class PlacementRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Pull:
+    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` come from ``node_id``."""
+
+    node_id: str
+    first_block: int
+    num_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
+    """Where a request runs, what its prefill node pulls first, and what that should cost."""
+
     prefill_node: str
     decode_node: str
+    pulls: tuple[Pull, ...] = ()
+    predicted_ttft_s: float = 0.0
+    num_cached_tokens: int = 0
+    predicted_tbt_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Rejection:
-    """Why a request cannot be placed; ``status`` is the HTTP status the client should see."""
+    """Why a request cannot be placed; ``status`` is the HTTP status the client should see,
+    ``cause`` a short label for metrics."""
 
     reason: str
     status: int = 503
     retry_after_s: float | None = None
+    cause: str = "no_node"
 
 
-def place(request: PlacementRequest, view: ClusterView, now: float) -> Placement | Rejection:
-    """Least-loaded placement: the prefill node with the fewest tokens waiting, and the decode
-    node with the fewest sequences among those with room for this one (any live one if none
-    has room: it queues there rather than failing)."""
-    prefills = view.live("prefill", now)
-    decodes = view.live("decode", now)
+@dataclass(frozen=True, slots=True)
+class PrefillCost:
+    """The predicted TTFT of a request on one prefill node, by part. Invariant: the cached
+    prefix is ``cached_blocks`` long and ``pulls`` cover exactly the part not held locally."""
+
+    node_id: str
+    wait_s: float
+    fetch_s: float
+    compute_s: float
+    cached_blocks: int
+    cached_tokens: int
+    pulls: tuple[Pull, ...]
+    queued_tokens: int
+
+    @property
+    def ttft_s(self) -> float:
+        return self.wait_s + self.fetch_s + self.compute_s
+
+
+def place(
+    request: PlacementRequest,
+    view: ClusterView,
+    holders: Sequence[PrefixHolder],
+    now: float,
+    slo_s: float | None = None,
+) -> Placement | Rejection:
+    """The cheapest prefill node and the best decode node for ``request``; a 503 when a role
+    has no live node, a 429 when even the cheapest TTFT exceeds ``slo_s``. ``holders`` is
+    cachemeta's answer for the prompt's blocks (empty: place without regard to caches)."""
+    costs = prefill_costs(request, view, holders, now)
+    if not costs:
+        return Rejection("no prefill node is available", cause="no_prefill_node")
+    best = min(costs, key=lambda c: (c.ttft_s, c.queued_tokens, c.node_id))
+    return _finish(request, view, now, best, costs, slo_s)
+
+
+def place_round_robin(
+    request: PlacementRequest, view: ClusterView, turn: int, now: float, slo_s: float | None = None
+) -> Placement | Rejection:
+    """The cache-oblivious baseline (for benchmarks): the ``turn``-th live prefill node in id
+    order, no pulls; decode node and SLO check as in ``place``."""
+    prefills = sorted(view.live("prefill", now), key=lambda n: n.node_id)
     if not prefills:
-        return Rejection("no prefill node is available")
+        return Rejection("no prefill node is available", cause="no_prefill_node")
+    cost = _cost_on(prefills[turn % len(prefills)], request, {}, view)
+    return _finish(request, view, now, cost, [cost], slo_s)
+
+
+def _finish(
+    request: PlacementRequest,
+    view: ClusterView,
+    now: float,
+    chosen: PrefillCost,
+    costs: Sequence[PrefillCost],
+    slo_s: float | None,
+) -> Placement | Rejection:
+    """Checks the SLO for the chosen prefill node, then adds the decode node."""
+    decodes = view.live("decode", now)
     if not decodes:
-        return Rejection("no decode node is available")
-    prefill = min(prefills, key=lambda n: (n.queued_tokens + n.placed_tokens, n.node_id))
+        return Rejection("no decode node is available", cause="no_decode_node")
+    if slo_s is not None and chosen.ttft_s > slo_s:
+        reason = (
+            f"The predicted time to first token ({chosen.ttft_s:.2f} s) exceeds the service "
+            f"objective of {slo_s:.2f} s; the servers are overloaded, retry later."
+        )
+        return Rejection(reason, 429, _retry_after(costs, slo_s), cause="ttft_slo")
+    decode, tbt = _choose_decode(decodes, request, view)
+    return Placement(
+        prefill_node=chosen.node_id,
+        decode_node=decode.node_id,
+        pulls=chosen.pulls,
+        predicted_ttft_s=chosen.ttft_s,
+        num_cached_tokens=chosen.cached_tokens,
+        predicted_tbt_s=tbt,
+    )
+
+
+def prefill_costs(
+    request: PlacementRequest, view: ClusterView, holders: Sequence[PrefixHolder], now: float
+) -> list[PrefillCost]:
+    """The cost of ``request`` on every live prefill node."""
+    prefills = view.live("prefill", now)
+    cached = _pullable(holders, {n.node_id for n in prefills})
+    return [_cost_on(node, request, cached, view) for node in prefills]
+
+
+def _pullable(holders: Iterable[PrefixHolder], live: set[str]) -> dict[str, int]:
+    """Leading blocks each live prefill node holds in its pool."""
+    cached: dict[str, int] = {}
+    for h in holders:
+        if h.tier == PULLABLE_TIER and h.node_id in live and h.num_blocks > 0:
+            cached[h.node_id] = max(cached.get(h.node_id, 0), h.num_blocks)
+    return cached
+
+
+def _cost_on(
+    node: NodeLoad, request: PlacementRequest, cached: dict[str, int], view: ClusterView
+) -> PrefillCost:
+    """Computes what ``node`` lacks, or pulls it from the holder that makes this cheapest."""
+    bs, prompt = node.block_size, request.num_prompt_tokens
+    limit = max(prompt - 1, 0) // bs  # the last token is always computed
+    coef = view.timing.coefficients(node.node_id, "prefill")
+    step = node.max_num_batched_tokens or view.costs.max_num_batched_tokens
+
+    def compute_s(blocks: int) -> float:
+        return prefill_seconds(coef, prompt - blocks * bs, blocks * bs, step)
+
+    local = min(cached.get(node.node_id, 0), limit)
+    best: tuple[float, float, int, tuple[Pull, ...]] = (compute_s(local), 0.0, local, ())
+    for source in sorted(cached):
+        remote = min(cached[source], limit)
+        if source == node.node_id or remote <= local:
+            continue
+        missing_bytes = (remote - local) * view.block_bytes(node)
+        fetch = view.costs.pull_overhead_s + missing_bytes / view.fetch_bandwidth(node, source)
+        compute = compute_s(remote)
+        if fetch + compute < best[0] + best[1]:
+            best = (compute, fetch, remote, (Pull(source, local, remote - local),))
+    compute, fetch, blocks, pulls = best
+    queued = node.queued_tokens + node.placed_tokens
+    return PrefillCost(
+        node_id=node.node_id,
+        wait_s=queue_seconds(coef, queued, step),
+        fetch_s=fetch,
+        compute_s=compute,
+        cached_blocks=blocks,
+        cached_tokens=blocks * bs,
+        pulls=pulls,
+        queued_tokens=queued,
+    )
+
+
+def _retry_after(costs: Sequence[PrefillCost], slo_s: float) -> float:
+    """When a retry may fit: a node's TTFT falls about as fast as its queue drains, so it meets
+    the objective after its excess over it, or (if the queue alone cannot explain the excess)
+    once its queue is empty. At least one second."""
+    return max(1.0, min(min(c.ttft_s - slo_s, c.wait_s) for c in costs))
+
+
+def predicted_tbt(node: NodeLoad, request: PlacementRequest, view: ClusterView) -> float:
+    """One decode step of ``node`` with this request added to its batch and its KV."""
+    coef = view.timing.coefficients(node.node_id, "decode")
+    batch = node.running_seqs + node.placed_seqs + 1
+    used_blocks = max(node.total_blocks - node.free_blocks, 0) + node.placed_blocks
+    context = used_blocks * node.block_size + request.num_prompt_tokens
+    return decode_step_seconds(coef, batch, context)
+
+
+def _choose_decode(
+    decodes: Sequence[NodeLoad], request: PlacementRequest, view: ClusterView
+) -> tuple[NodeLoad, float]:
+    """The fastest predicted node among those with room; when none has room, the one with the
+    fewest sequences (the request queues there rather than failing)."""
+    tbt = {n.node_id: predicted_tbt(n, request, view) for n in decodes}
     with_room = [n for n in decodes if _has_room(n, request)]
-    decode = min(with_room or decodes, key=lambda n: (n.running_seqs + n.placed_seqs, n.node_id))
-    return Placement(prefill.node_id, decode.node_id)
+    if with_room:
+        chosen = min(with_room, key=lambda n: (tbt[n.node_id], _seqs(n), n.node_id))
+    else:
+        chosen = min(decodes, key=lambda n: (_seqs(n), n.node_id))
+    return chosen, tbt[chosen.node_id]
 
 
 def record_placement(view: ClusterView, placement: Placement, request: PlacementRequest) -> None:
     """Counts the request against its nodes until their next heartbeats."""
     prefill = view.nodes[placement.prefill_node]
-    prefill.placed_tokens += request.num_prompt_tokens
+    prefill.placed_tokens += request.num_prompt_tokens - placement.num_cached_tokens
     decode = view.nodes[placement.decode_node]
     decode.placed_seqs += 1
     decode.placed_blocks += blocks_needed(decode, request)
@@ -102,6 +254,10 @@ def record_placement(view: ClusterView, placement: Placement, request: Placement
 
 def blocks_needed(node: NodeLoad, request: PlacementRequest) -> int:
     return -(-(request.num_prompt_tokens + request.max_tokens) // node.block_size)
+
+
+def _seqs(node: NodeLoad) -> int:
+    return node.running_seqs + node.placed_seqs
 
 
 def _has_room(node: NodeLoad, request: PlacementRequest) -> bool:

@@ -8,7 +8,8 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from shared.engine.engine import LLMEngine, RequestOutput
+from shared.engine.engine import LLMEngine
+from shared.engine.types import RequestOutput
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,9 +35,24 @@ class AsyncEngine:
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Runs ``fn`` on the engine thread between steps and wakes the step loop."""
-        result = await asyncio.get_running_loop().run_in_executor(self._pool, fn)
+        result = await asyncio.get_running_loop().run_in_executor(self._pool, self._locked(fn))
         self._wake.set()
         return result
+
+    async def call_now(self, fn: Callable[[], T]) -> T:
+        """Runs ``fn`` while a step may be in its forward pass, under the engine's lock: only
+        for bookkeeping that never touches a running sequence (load snapshots, catalogue
+        events, pins and held blocks), which then waits for no forward pass."""
+        result = await asyncio.to_thread(self._locked(fn))
+        self._wake.set()
+        return result
+
+    def _locked(self, fn: Callable[[], T]) -> Callable[[], T]:
+        def run() -> T:
+            with self.engine.lock:
+                return fn()
+
+        return run
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._loop(), name="engine-loop")

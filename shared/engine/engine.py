@@ -2,67 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import threading
+import time
+from collections import deque
 
+from shared.engine.cache_exchange import CacheExchange
 from shared.engine.config import EngineConfig
 from shared.engine.kv_manager import KVCacheManager
 from shared.engine.runner import ModelRunner
 from shared.engine.scheduler import Scheduler, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
+from shared.engine.types import (
+    EngineLoad,
+    EngineStats,
+    ImportSlot,
+    RequestOutput,
+    StepTiming,
+)
 from shared.errors import InvalidRequestError, PromptTooLongError
-from shared.kv.hashing import BlockHash, root_hash
+from shared.kv.hashing import BlockHash, block_checksum, root_hash
 from shared.kv.pool import BlockPool
-from shared.model.sampler import SampledToken, TokenLogprobs
+from shared.model.sampler import SampledToken
 from shared.sampling_params import SamplingParams
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """What one step produced for one request."""
-
-    request_id: str
-    new_token_ids: list[int]
-    output_token_ids: list[int]
-    num_prompt_tokens: int
-    num_cached_tokens: int
-    finished: bool
-    finish_reason: FinishReason | None = None
-    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class ImportSlot:
-    """Prompt blocks ``first_block, first_block + 1, ...`` must be written into ``block_ids``."""
-
-    first_block: int
-    block_ids: list[int]
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    queued_tokens: int  # prompt tokens admitted or waiting but not yet computed
-    running_seqs: int
-    waiting_seqs: int
-    free_blocks: int
-    total_blocks: int
-    held_requests: int
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """Running totals since start; the basis of the engine's metrics."""
-
-    steps: int = 0
-    prompt_tokens_computed: int = 0
-    prompt_tokens_cached: int = 0
-    output_tokens: int = 0
-    preemptions: int = 0
-    prompt_tokens_imported: int = 0
 
 
 class LLMEngine:
     """Owns the scheduler, the KV cache manager and the model runner, and the requests in
-    flight. Not thread-safe: one thread drives ``step``; requests are added between steps."""
+    flight. One thread drives ``step`` and makes the calls that change requests; other threads
+    may only do bookkeeping that leaves running sequences alone, holding ``lock``."""
 
     def __init__(self, runner: ModelRunner, config: EngineConfig, model_id: str):
         self.config = config
@@ -77,6 +44,10 @@ class LLMEngine:
         self._held: dict[str, Sequence] = {}
         self._importing: dict[str, Sequence] = {}
         self._roots: dict[bytes, BlockHash] = {}
+        self.lock = threading.RLock()
+        self.exchange = CacheExchange(self.pool, config.block_size, self._root, self._checksum)
+        # Recent step timings, drained by the node into its heartbeats.
+        self.step_timings: deque[StepTiming] = deque(maxlen=256)
 
     def add_request(
         self,
@@ -187,15 +158,27 @@ class LLMEngine:
         return len(self._sequences)
 
     def step(self) -> list[RequestOutput]:
-        """Runs one batch through the model and returns the requests that got a token."""
-        plan = self.scheduler.schedule()
-        if plan.is_empty():
-            return []
+        """Runs one batch through the model and returns the requests that got a token.
+
+        ``lock`` is held while the step plans and while it books its results, not while the
+        model runs, so bookkeeping that leaves the batch's sequences alone (heartbeat
+        snapshots, pins for peers) need not wait for a long forward pass.
+        """
+        with self.lock:
+            plan = self.scheduler.schedule()
+            if plan.is_empty():
+                return []
+            context = sum(c.seq.num_computed_tokens for c in plan.chunks)
+        started = time.perf_counter()
         sampled = self.runner.execute(plan)
-        self._advance(plan)
-        self.stats.steps += 1
-        self.stats.preemptions += len(plan.preempted)
-        return [self._append(seq, token) for seq, token in sampled]
+        elapsed = time.perf_counter() - started
+        with self.lock:
+            tokens = sum(c.num_new for c in plan.chunks)
+            self.step_timings.append(StepTiming(len(plan.chunks), tokens, context, elapsed))
+            self._advance(plan)
+            self.stats.steps += 1
+            self.stats.preemptions += len(plan.preempted)
+            return [self._append(seq, token) for seq, token in sampled]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         """Convenience for scripts and tests: runs prompts to completion as one batch."""
@@ -280,6 +263,9 @@ class LLMEngine:
                 f"{self.config.num_kv_blocks}",
                 "max_tokens",
             )
+
+    def _checksum(self, block_id: int) -> int:
+        return block_checksum(self.runner.cache.block_buffer(block_id).data)
 
     def _root(self, cache_salt: bytes) -> BlockHash:
         root = self._roots.get(cache_salt)

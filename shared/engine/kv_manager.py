@@ -64,12 +64,15 @@ class KVCacheManager:
             return
         if len(seq.block_hashes) < num_full:
             self._hash_full_blocks(seq, num_full * self.block_size)
+        bs = self.block_size
         for i in range(seq.num_published_blocks, num_full):
             block = seq.block_table[i]
             if block.block_hash is None:
                 # False means another sequence published the same tokens first; this copy
                 # simply stays private and returns to the pool when the sequence ends.
-                self.pool.cache_block(block, seq.block_hashes[i])
+                parent = seq.block_hashes[i - 1] if i else seq.root_hash
+                tokens = seq.token_ids[i * bs : (i + 1) * bs]
+                self.pool.cache_block(block, seq.block_hashes[i], parent, tokens)
         seq.num_published_blocks = num_full
 
     def free(self, seq: Sequence) -> None:

@@ -25,6 +25,10 @@ class KVBlock:
     block_id: int
     ref_cnt: int = 0
     block_hash: BlockHash | None = None
+    # What the catalogue records of a cached block; set with its hash, cleared on eviction.
+    parent_hash: BlockHash | None = None
+    token_ids: tuple[int, ...] = ()
+    checksum: int | None = None  # of its bytes; computed lazily, once, by whoever needs it
     # The links point at neighbours; keeping them out of repr avoids printing the whole queue.
     prev_free: KVBlock | None = field(default=None, repr=False)
     next_free: KVBlock | None = field(default=None, repr=False)
@@ -188,8 +192,15 @@ class BlockPool:
                 raise ValueError(f"block {block.block_id} is freed more times than it is held")
             block.ref_cnt -= 1
 
-    def cache_block(self, block: KVBlock, block_hash: BlockHash) -> bool:
-        """Makes a full block reusable under ``block_hash``.
+    def cache_block(
+        self,
+        block: KVBlock,
+        block_hash: BlockHash,
+        parent_hash: BlockHash | None = None,
+        token_ids: Sequence[int] = (),
+    ) -> bool:
+        """Makes a full block reusable under ``block_hash`` (whose chain parent and tokens
+        are recorded for the catalogue).
 
         Returns True if the block is now cached under that hash (newly or already), False if the
         hash already belongs to another block (this one stays uncached; the caller may keep using
@@ -206,6 +217,9 @@ class BlockPool:
         if block_hash in self._cached:
             return False
         block.block_hash = block_hash
+        block.parent_hash = parent_hash
+        block.token_ids = tuple(token_ids)
+        block.checksum = None
         self._cached[block_hash] = block
         self._evicted.pop(block_hash, None)
         self._stored[block_hash] = None
@@ -216,10 +230,17 @@ class BlockPool:
         assert block_hash is not None
         del self._cached[block_hash]
         block.block_hash = None
+        block.parent_hash = None
+        block.token_ids = ()
+        block.checksum = None
         self._stored.pop(block_hash, None)
         # Re-inserting keeps the list in order of the latest eviction.
         self._evicted.pop(block_hash, None)
         self._evicted[block_hash] = None
+
+    def cached_blocks(self) -> list[KVBlock]:
+        """Every block that carries a hash, referenced or not."""
+        return list(self._cached.values())
 
     def drain_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """``(stored, evicted)`` hashes since the last drain, each in event order.

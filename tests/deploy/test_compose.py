@@ -53,8 +53,9 @@ def test_a_broken_file_is_rejected(tmp_path: Path) -> None:
 
 def test_every_service_has_a_health_check_and_the_nodes_can_scale() -> None:
     services = rendered()["services"]
-    assert {"nats", "postgres", "s3", "gateway", "scheduler", "prefill", "decode"} <= set(services)
-    for name in ("nats", "postgres", "s3", "gateway", "scheduler", "prefill", "decode"):
+    names = ("nats", "postgres", "s3", "cachemeta", "gateway", "scheduler", "prefill", "decode")
+    assert set(names) <= set(services)
+    for name in names:
         assert services[name].get("healthcheck", {}).get("test"), name
     for name in SCALED:
         # A fixed name or host port would make `--scale` fail on the second replica.

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +30,13 @@ class Stack:
         return f"http://127.0.0.1:{self.port}/v1"
 
     @classmethod
-    def start(cls, data_dir: Path, env: dict[str, str], timeout_s: float = 300) -> Stack:
+    def start(
+        cls,
+        data_dir: Path,
+        env: dict[str, str],
+        timeout_s: float = 300,
+        extra_args: Sequence[str] = (),
+    ) -> Stack:
         port = free_port()
         env = os.environ | env
         proc = subprocess.Popen(
@@ -42,6 +49,7 @@ class Stack:
                 str(port),
                 "--data-dir",
                 str(data_dir),
+                *extra_args,
             ],
             env=env,
             stdout=subprocess.PIPE,

@@ -29,3 +29,15 @@ class BackgroundLoop:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
         self.loop.close()
+
+
+_SHARED: BackgroundLoop | None = None
+
+
+def shared_loop() -> BackgroundLoop:
+    """The process's one loop for gRPC: grpc.aio binds to the first event loop it runs on, so
+    every test that talks gRPC goes through this one. Lives until the process ends."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = BackgroundLoop()
+    return _SHARED

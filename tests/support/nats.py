@@ -30,16 +30,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout_s: float, process: subprocess.Popen[bytes] | None) -> None:
+def wait_for_port(
+    port: int,
+    timeout_s: float,
+    process: subprocess.Popen[bytes] | None,
+    name: str = "nats-server",
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"nats-server exited with status {process.returncode}")
+            raise RuntimeError(f"{name} exited with status {process.returncode}")
         time.sleep(0.02)
-    raise TimeoutError(f"nats-server did not accept connections on port {port}")
+    raise TimeoutError(f"{name} did not accept connections on port {port}")
 
 
 @dataclass

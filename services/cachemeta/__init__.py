@@ -1,0 +1,1 @@
+"""cachemeta: the global catalogue of KV blocks and their replicas, served over gRPC."""

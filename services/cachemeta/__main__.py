@@ -1,0 +1,3 @@
+from services.cachemeta.main import main
+
+main()

@@ -1,0 +1,41 @@
+"""cachemeta settings, read once at start from ``CRESCENT_*`` variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.model.files import default_cache_dir
+
+
+def default_db_url() -> str:
+    """SQLite in the cache folder: the embedded default of a single-machine stack."""
+    return f"sqlite+aiosqlite:///{default_cache_dir() / 'cachemeta.db'}"
+
+
+class CacheMetaSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
+
+    db_url: str = Field(
+        default_factory=default_db_url,
+        description="SQLAlchemy async URL: postgresql+asyncpg://… or sqlite+aiosqlite:///…",
+    )
+    cachemeta_host: str = Field(default="127.0.0.1", description="gRPC listen address")
+    cachemeta_port: int = Field(default=50051, ge=0, le=65535, description="gRPC port; 0: any")
+    replica_grace_s: float = Field(
+        default=10.0, gt=0, description="heartbeat silence after which a node's replicas go"
+    )
+    node_forget_s: float = Field(
+        default=3600.0, gt=0, description="heartbeat silence after which a node is forgotten"
+    )
+    sweep_interval_s: float | None = Field(
+        default=None, gt=0, description="how often silent nodes are swept; default grace/4, ≤1 s"
+    )
+    metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
+    metrics_host: str = "127.0.0.1"
+
+    @property
+    def sweep_every_s(self) -> float:
+        if self.sweep_interval_s is not None:
+            return self.sweep_interval_s
+        return min(self.replica_grace_s / 4, 1.0)

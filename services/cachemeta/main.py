@@ -1,0 +1,171 @@
+"""Wires cachemeta: settings, database engine, migrations, index load, gRPC server, the sweeper
+of silent nodes and the ops port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from services.cachemeta.catalogue import Catalogue
+from services.cachemeta.config import CacheMetaSettings
+from services.cachemeta.database import create_engine
+from services.cachemeta.migrations import upgrade
+from services.cachemeta.repository import DatabaseUnavailable, Repository
+from services.cachemeta.servicer import CacheMetaServicer
+from shared.ops_http import OpsServer
+from shared.rpc import cachemeta_pb2_grpc as pb_grpc
+from shared.rpc.client import MAX_MESSAGE_BYTES
+from shared.runtime import run_service
+
+log = logging.getLogger("cachemeta")
+SERVER_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class CacheMetaService:
+    """Owns the engine, the catalogue, the gRPC server, the sweeper task and the ops server.
+    Invariant: between ``start`` and ``stop`` the server answers on ``port`` from a catalogue
+    loaded from the database."""
+
+    def __init__(self, settings: CacheMetaSettings) -> None:
+        self.settings = settings
+        self.engine: AsyncEngine | None = None
+        self.catalogue: Catalogue | None = None
+        self.servicer: CacheMetaServicer | None = None
+        self.server: grpc.aio.Server | None = None
+        self.ops: OpsServer | None = None
+        self.port = 0
+        self.database_up = False
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        url = make_url(s.db_url)
+        if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+            Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        self.engine = create_engine(s.db_url)
+        await upgrade(self.engine)
+        self.database_up = True
+        catalogue = Catalogue(
+            Repository(self.engine),
+            replica_grace_s=s.replica_grace_s,
+            node_forget_s=s.node_forget_s,
+        )
+        report = await catalogue.load()
+        log.info(
+            "index loaded: %d replicas of %d holders, %d nodes in %.2f s",
+            report.num_replicas,
+            report.num_holders,
+            report.num_nodes,
+            report.seconds,
+        )
+        self.catalogue = catalogue
+        self.servicer = CacheMetaServicer(catalogue)
+        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        pb_grpc.add_CacheMetaServicer_to_server(self.servicer, self.server)
+        self.port = self.server.add_insecure_port(f"{s.cachemeta_host}:{s.cachemeta_port}")
+        if self.port == 0:
+            raise RuntimeError(f"cannot listen on {s.cachemeta_host}:{s.cachemeta_port}")
+        await self.server.start()
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        if s.metrics_port is not None:
+            registry = CollectorRegistry()
+            registry.register(CacheMetaMetrics(self))
+            self.ops = OpsServer(s.metrics_host, s.metrics_port, self.healthy, registry)
+            self.ops.start()
+        log.info("cachemeta serving gRPC on %s:%d", s.cachemeta_host, self.port)
+
+    def healthy(self) -> bool:
+        """Serving: matches are answered from memory even while the database is away."""
+        return self.server is not None and self._sweeper is not None and not self._sweeper.done()
+
+    async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self.server is not None:
+            await self.server.stop(grace=2.0)
+        if self.catalogue is not None:
+            await self.catalogue.drain()
+        if self.ops is not None:
+            self.ops.stop()
+        if self.engine is not None:
+            await self.engine.dispose()
+
+    async def _sweep_forever(self) -> None:
+        assert self.catalogue is not None and self.engine is not None
+        while True:
+            await asyncio.sleep(self.settings.sweep_every_s)
+            try:
+                async with self.engine.connect() as conn:
+                    await conn.execute(text("SELECT 1"))
+                self.database_up = True
+                await self.catalogue.sweep()
+            except DatabaseUnavailable as exc:
+                self.database_up = False
+                log.warning("sweep skipped: %s", exc)
+            except Exception as exc:  # the sweeper must outlive a database outage
+                self.database_up = False
+                log.warning("sweep skipped, database unreachable: %s", exc)
+
+
+class CacheMetaMetrics(Collector):
+    """Catalogue size and per-method calls, read at scrape time."""
+
+    def __init__(self, service: CacheMetaService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        catalogue, servicer = self.service.catalogue, self.service.servicer
+        if catalogue is None or servicer is None:
+            return
+        gauges = (
+            (
+                "crescent_cachemeta_blocks",
+                "distinct blocks held by some node",
+                len(catalogue.index),
+            ),
+            ("crescent_cachemeta_replicas", "replicas in the index", catalogue.index.num_replicas),
+            ("crescent_cachemeta_nodes", "nodes known", len(catalogue.nodes)),
+            (
+                "crescent_cachemeta_database_up",
+                "last database check passed",
+                self.service.database_up,
+            ),
+        )
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(name, doc, value=float(value))
+        calls = CounterMetricFamily(
+            "crescent_cachemeta_calls", "gRPC calls answered", labels=["method", "code"]
+        )
+        for (method, code), count in sorted(servicer.calls.items()):
+            calls.add_metric([method, code], count)
+        seconds = CounterMetricFamily(
+            "crescent_cachemeta_call_seconds", "time spent answering", labels=["method"]
+        )
+        for method, total in sorted(servicer.seconds.items()):
+            seconds.add_metric([method], total)
+        yield from (calls, seconds)
+
+
+def main() -> None:
+    settings = CacheMetaSettings()
+
+    async def build() -> CacheMetaService:
+        return CacheMetaService(settings)
+
+    run_service("cachemeta", build)

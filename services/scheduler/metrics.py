@@ -1,0 +1,84 @@
+"""The scheduler's Prometheus metrics, in a registry of its own.
+
+The share of prompt tokens served from caches is
+``rate(crescent_placed_cached_tokens_total[5m]) / rate(crescent_placed_prompt_tokens_total[5m])``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from services.scheduler.cluster import ClusterView
+from services.scheduler.policy import Placement, PlacementRequest, Rejection
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+
+
+class SchedulerMetrics:
+    """Owns the registry and every metric the scheduler exports; ``view`` is read at scrape."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.placements = Counter("crescent_placements", "requests placed on nodes", registry=r)
+        self.rejections = Counter(
+            "crescent_rejections", "requests refused, by cause", ["cause"], registry=r
+        )
+        self.fallbacks = Counter(
+            "crescent_cachemeta_fallbacks",
+            "placements made without cachemeta's answer, by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.predicted_ttft = Histogram(
+            "crescent_predicted_ttft_seconds",
+            "predicted time to first token of placed requests",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "crescent_placed_prompt_tokens", "prompt tokens of placed requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            "crescent_placed_cached_tokens",
+            "prompt tokens of placed requests planned to come from a cache (local or pulled)",
+            registry=r,
+        )
+        self.pulled_blocks = Counter(
+            "crescent_planned_pull_blocks", "blocks placements told nodes to pull", registry=r
+        )
+        r.register(_LiveNodes(view))
+
+    def placed(self, placement: Placement, request: PlacementRequest) -> None:
+        self.placements.inc()
+        self.predicted_ttft.observe(placement.predicted_ttft_s)
+        self.prompt_tokens.inc(request.num_prompt_tokens)
+        self.cached_tokens.inc(placement.num_cached_tokens)
+        self.pulled_blocks.inc(sum(p.num_blocks for p in placement.pulls))
+
+    def rejected(self, rejection: Rejection) -> None:
+        self.rejections.labels(rejection.cause).inc()
+
+    def fell_back(self, reason: str) -> None:
+        self.fallbacks.labels(reason).inc()
+
+
+class _LiveNodes(Collector):
+    """Nodes with a recent heartbeat, by role, computed at scrape time."""
+
+    def __init__(self, view: ClusterView) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        live = GaugeMetricFamily(
+            "crescent_live_nodes", "nodes with a recent heartbeat", labels=["role"]
+        )
+        now = time.monotonic()
+        for role in ("prefill", "decode"):
+            live.add_metric([role], len(self.view.live(role, now)))
+        yield live

@@ -1,0 +1,115 @@
+"""Keeps cachemeta's record of one node's DRAM blocks in step with the node's pool."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+
+from shared.engine.async_engine import AsyncEngine
+from shared.engine.cache_exchange import CachedBlock
+from shared.rpc.client import CacheMetaClient, CacheMetaError, CacheMetaUnavailable
+from shared.rpc.types import BlockRecord, TierCapacity
+
+log = logging.getLogger(__name__)
+TIER = "dram"
+
+
+class CatalogueSync:
+    """Owns this node's catalogue session: its epoch and whether cachemeta is known to be in
+    step with the pool.
+
+    Invariant: whenever a register or drop may have been lost (cachemeta unreachable, its
+    database down, a new epoch), ``in_step`` is False, and the next round replaces the node's
+    whole record with a snapshot of the pool instead of sending events.
+    """
+
+    def __init__(
+        self,
+        client: CacheMetaClient,
+        engine: AsyncEngine,
+        node_id: str,
+        role: str,
+        block_bytes: int,
+        *,
+        sync_interval_s: float = 0.2,
+        heartbeat_interval_s: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.engine = engine
+        self.node_id = node_id
+        self.role = role
+        self.block_bytes = block_bytes
+        self.sync_interval_s = sync_interval_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.epoch = uuid.uuid4().hex
+        self.in_step = False
+        self.failures = 0
+        self.blocks_registered = 0
+        self._last_beat = 0.0
+        self._outage = False
+
+    async def run(self) -> None:
+        """Syncs until cancelled; a failed round is logged once per outage and retried."""
+        while True:
+            try:
+                await self.sync_once()
+                if self._outage:
+                    log.info("cachemeta is reachable again; catalogue resynced")
+                self._outage = False
+            except (CacheMetaUnavailable, CacheMetaError) as exc:
+                self.in_step = False
+                self.failures += 1
+                if not self._outage:
+                    log.warning("cachemeta sync failed (%s); will resync when it is back", exc)
+                self._outage = True
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.in_step = False
+                log.exception("cachemeta sync failed")
+            await asyncio.sleep(self.sync_interval_s)
+
+    async def sync_once(self) -> None:
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_interval_s or not self.in_step:
+            resync = await self.client.heartbeat(self.node_id, self.role, self.epoch, self._tiers())
+            self._last_beat = now
+            if resync:
+                self.in_step = False
+        if not self.in_step:
+            await self._resync()
+            return
+        stored, evicted = await self.engine.call_now(self.engine.engine.exchange.drain_events)
+        # A failure from here on loses these events; in_step=False (set by run) recovers.
+        self.in_step = False
+        if evicted:
+            await self.client.drop_blocks(self.node_id, TIER, evicted)
+        if stored:
+            await self.client.register_blocks(self.node_id, TIER, self._records(stored))
+            self.blocks_registered += len(stored)
+        self.in_step = True
+
+    async def drop_all(self) -> None:
+        """Tells cachemeta this node holds nothing any more (a clean shutdown)."""
+        await self.client.register_blocks(self.node_id, TIER, [], replace=True)
+
+    async def _resync(self) -> None:
+        blocks = await self.engine.call_now(self.engine.engine.exchange.snapshot)
+        await self.client.register_blocks(self.node_id, TIER, self._records(blocks), replace=True)
+        self.blocks_registered += len(blocks)
+        self.in_step = True
+
+    def _records(self, blocks: Sequence[CachedBlock]) -> list[BlockRecord]:
+        return [
+            BlockRecord(b.block_hash, b.parent_hash, b.token_ids, self.block_bytes, b.checksum)
+            for b in blocks
+        ]
+
+    def _tiers(self) -> list[TierCapacity]:
+        pool = self.engine.engine.pool
+        # Blocks holding KV someone may want: referenced ones and cached ones (which overlap).
+        used = min(pool.num_blocks, pool.num_blocks - pool.num_free_blocks + pool.num_cached_blocks)
+        return [TierCapacity(TIER, pool.num_blocks * self.block_bytes, used * self.block_bytes)]

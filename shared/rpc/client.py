@@ -1,0 +1,220 @@
+"""The cachemeta client: the only code outside the cachemeta service that touches the stubs.
+
+Every call is unary with a deadline and ``wait_for_ready=False``: while the service is down calls
+fail fast with ``CacheMetaUnavailable`` instead of queueing, and a channel that lost its server is
+replaced, so the first call after the service is back connects at once instead of waiting out
+gRPC's reconnect backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import grpc
+
+from shared.errors import CrescentError
+from shared.rpc import cachemeta_pb2 as pb
+from shared.rpc import cachemeta_pb2_grpc as pb_grpc
+from shared.rpc.types import BlockRecord, CatalogueStats, NodeInfo, PrefixHolder, TierCapacity
+
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_UNAVAILABLE = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+)
+
+Reply = TypeVar("Reply")
+
+
+class CacheMetaUnavailable(CrescentError):
+    """cachemeta cannot answer now: unreachable, too slow for the deadline, or its database is
+    down. Retrying later may succeed."""
+
+
+class CacheMetaError(CrescentError):
+    """cachemeta refused the call (invalid argument or an internal error); retrying the same
+    call will not help."""
+
+
+class CacheMetaClient:
+    """A connection to one cachemeta service.
+
+    Owns one lazily created gRPC channel (replaced after it loses its server) and a semaphore
+    that caps the calls in flight on it. Invariant: at most ``max_in_flight`` calls are in
+    flight, and every call ends within ``timeout_s`` (or its own timeout), waiting for a free
+    slot included.
+    """
+
+    def __init__(self, target: str, *, timeout_s: float = 1.0, max_in_flight: int = 64) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s}")
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
+        self.target = target
+        self.timeout_s = timeout_s
+        self.max_in_flight = max_in_flight
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: pb_grpc.CacheMetaStub | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    async def register_blocks(
+        self, node_id: str, tier: str, blocks: Sequence[BlockRecord], *, replace: bool = False
+    ) -> int:
+        """Adds replicas of ``blocks`` on ``node_id``/``tier``; with ``replace`` they become the
+        node's whole content of that tier. Returns how many replicas were new."""
+        request = pb.RegisterBlocksRequest(
+            node_id=node_id,
+            tier=tier,
+            replace=replace,
+            blocks=[
+                pb.Block(
+                    block_hash=b.block_hash,
+                    parent_hash=b.parent_hash,
+                    token_ids=b.token_ids,
+                    num_bytes=b.num_bytes,
+                    checksum=b.checksum,
+                )
+                for b in blocks
+            ],
+        )
+        reply = await self._call("RegisterBlocks", lambda s, t: s.RegisterBlocks(request, **t))
+        return int(reply.num_registered)
+
+    async def drop_blocks(self, node_id: str, tier: str, block_hashes: Sequence[bytes]) -> int:
+        """Removes replicas on ``node_id``/``tier``; returns how many it had."""
+        request = pb.DropBlocksRequest(node_id=node_id, tier=tier, block_hashes=block_hashes)
+        reply = await self._call("DropBlocks", lambda s, t: s.DropBlocks(request, **t))
+        return int(reply.num_dropped)
+
+    async def match_prefix(
+        self, block_hashes: Sequence[bytes], *, timeout_s: float | None = None
+    ) -> list[PrefixHolder]:
+        """Per holder (node, tier) the number of leading blocks of the chain it holds, longest
+        first; holders of no leading block are left out."""
+        request = pb.MatchPrefixRequest(block_hashes=block_hashes)
+        reply = await self._call("MatchPrefix", lambda s, t: s.MatchPrefix(request, **t), timeout_s)
+        return [PrefixHolder(h.node_id, h.tier, h.num_blocks) for h in reply.holders]
+
+    async def touch_blocks(self, block_hashes: Sequence[bytes]) -> int:
+        """Records one access of each block; returns how many of them the catalogue knows."""
+        request = pb.TouchBlocksRequest(block_hashes=block_hashes)
+        reply = await self._call("TouchBlocks", lambda s, t: s.TouchBlocks(request, **t))
+        return int(reply.num_touched)
+
+    async def heartbeat(
+        self, node_id: str, role: str, epoch: str, tiers: Sequence[TierCapacity] = ()
+    ) -> bool:
+        """Says the node is alive. True: the node must re-register everything it holds, each
+        tier with ``replace=True`` (it is answered True until it does)."""
+        request = pb.HeartbeatRequest(
+            node_id=node_id,
+            role=role,
+            epoch=epoch,
+            tiers=[_tier_to_pb(t) for t in tiers],
+        )
+        reply = await self._call("Heartbeat", lambda s, t: s.Heartbeat(request, **t))
+        return bool(reply.resync)
+
+    async def list_nodes(self) -> list[NodeInfo]:
+        request = pb.ListNodesRequest()
+        reply = await self._call("ListNodes", lambda s, t: s.ListNodes(request, **t))
+        return [
+            NodeInfo(
+                node_id=n.node_id,
+                role=n.role,
+                epoch=n.epoch,
+                last_seen_unix=n.last_seen_unix,
+                tiers=[TierCapacity(t.tier, t.capacity_bytes, t.used_bytes) for t in n.tiers],
+                num_replicas=n.num_replicas,
+            )
+            for n in reply.nodes
+        ]
+
+    async def stats(self) -> CatalogueStats:
+        request = pb.StatsRequest()
+        reply = await self._call("Stats", lambda s, t: s.Stats(request, **t))
+        return CatalogueStats(
+            num_blocks=reply.num_blocks,
+            num_replicas=reply.num_replicas,
+            num_nodes=reply.num_nodes,
+            replica_bytes=reply.replica_bytes,
+        )
+
+    async def close(self) -> None:
+        self._closed = True
+        channel, self._channel, self._stub = self._channel, None, None
+        if channel is not None:
+            await channel.close()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
+
+    async def _call(
+        self,
+        method: str,
+        invoke: Callable[[pb_grpc.CacheMetaStub, dict[str, Any]], Awaitable[Reply]],
+        timeout_s: float | None = None,
+    ) -> Reply:
+        if self._closed:
+            raise CacheMetaUnavailable(f"cachemeta client for {self.target} is closed")
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        try:
+            await asyncio.wait_for(self._slots.acquire(), timeout)
+        except TimeoutError:
+            raise CacheMetaUnavailable(
+                f"cachemeta at {self.target}: {method} found {self.max_in_flight} calls in "
+                f"flight for {timeout:.3g} s"
+            ) from None
+        try:
+            stub, channel = self._connect()
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                return await invoke(stub, {"timeout": remaining, "wait_for_ready": False})
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+                if code in _UNAVAILABLE:
+                    self._drop_if_disconnected(channel)
+                    raise CacheMetaUnavailable(
+                        f"cachemeta at {self.target} unavailable for {method}: "
+                        f"{code.name}: {exc.details()}"
+                    ) from exc
+                raise CacheMetaError(f"cachemeta refused {method}: {exc.details()}") from exc
+        finally:
+            self._slots.release()
+
+    def _connect(self) -> tuple[pb_grpc.CacheMetaStub, grpc.aio.Channel]:
+        if self._channel is None or self._stub is None:
+            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            self._stub = pb_grpc.CacheMetaStub(self._channel)
+        return self._stub, self._channel
+
+    def _drop_if_disconnected(self, channel: grpc.aio.Channel) -> None:
+        """Replaces a channel that is not connected, so the next call dials at once."""
+        current = self._channel
+        if current is None or current is not channel:
+            return  # already replaced by another call
+        if current.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY:
+            return  # the server answered UNAVAILABLE itself (e.g. its database is down)
+        self._channel = None
+        self._stub = None
+        task = asyncio.get_running_loop().create_task(current.close(grace=self.timeout_s))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+
+def _tier_to_pb(tier: TierCapacity) -> pb.TierCapacity:
+    return pb.TierCapacity(
+        tier=tier.tier, capacity_bytes=tier.capacity_bytes, used_bytes=tier.used_bytes
+    )

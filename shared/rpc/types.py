@@ -1,0 +1,54 @@
+"""Plain values of the cachemeta API, free of gRPC, so pure cores (the scheduler's policy, the
+catalogue index) can use them without importing a framework."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+TIERS = ("dram", "disk", "s3")
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRecord:
+    """One full KV block as the catalogue knows it."""
+
+    block_hash: bytes
+    parent_hash: bytes
+    token_ids: Sequence[int]
+    num_bytes: int
+    checksum: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHolder:
+    """``node_id`` holds, in ``tier``, the first ``num_blocks`` blocks of a matched chain."""
+
+    node_id: str
+    tier: str
+    num_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierCapacity:
+    tier: str
+    capacity_bytes: int
+    used_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    node_id: str
+    role: str
+    epoch: str
+    last_seen_unix: float
+    tiers: list[TierCapacity] = field(default_factory=list)
+    num_replicas: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogueStats:
+    num_blocks: int
+    num_replicas: int
+    num_nodes: int
+    replica_bytes: int

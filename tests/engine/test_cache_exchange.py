@@ -1,0 +1,122 @@
+"""Cached blocks crossing engines: catalogue events, pins for peers, prefix imports."""
+
+from __future__ import annotations
+
+from shared.engine.engine import LLMEngine
+from shared.kv.hashing import block_checksum
+from shared.sampling_params import SamplingParams
+from tests.engine.conftest import EngineFactory
+from tests.engine.test_engine_scheduling import prompts
+
+FULL = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+SALT = b"tenant-a"
+
+
+def run(engine: LLMEngine, request_id: str, prompt: list[int], salt: bytes = SALT) -> list[int]:
+    engine.add_request(request_id, prompt, FULL, salt)
+    out: list[int] = []
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                out = o.output_token_ids
+    return out
+
+
+def copy(src: LLMEngine, src_ids: list[int], dst: LLMEngine, dst_ids: list[int]) -> list[int]:
+    for s, d in zip(src_ids, dst_ids, strict=True):
+        dst.runner.cache.write_block_bytes(d, src.runner.cache.read_block_bytes(s))
+    return [block_checksum(dst.runner.cache.block_buffer(d).data) for d in dst_ids]
+
+
+def test_events_carry_the_chain_tokens_and_a_true_checksum(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    prompt = prompts(1, 18, 18, seed=30)[0]
+    run(engine, "a", prompt)
+    stored, evicted = engine.exchange.drain_events()
+    hashes = engine.exchange.prompt_hashes(prompt, SALT)
+    assert [b.block_hash for b in stored[: len(hashes)]] == hashes
+    assert stored[1].parent_hash == stored[0].block_hash
+    assert list(stored[0].token_ids) == prompt[:4]
+    for b in stored:
+        assert b.checksum == block_checksum(engine.runner.cache.block_buffer(b.block_id).data)
+    assert evicted == []
+    assert engine.exchange.drain_events() == ([], [])
+    assert {b.block_hash for b in engine.exchange.snapshot()} == {b.block_hash for b in stored}
+
+
+def test_a_prefix_pulled_from_a_peer_is_reused_and_decodes_the_same(
+    make_engine: EngineFactory,
+) -> None:
+    prompt = prompts(1, 26, 26, seed=31)[0]
+    expected = make_engine().generate([prompt], FULL)[0].output_token_ids
+    holder, puller = make_engine(), make_engine()
+    run(holder, "warm", prompt)
+    hashes = puller.exchange.prompt_hashes(prompt, SALT)
+    assert len(hashes) == 6  # (26 - 1) // 4 blocks may come from a cache
+
+    pinned = holder.exchange.pin("p1", hashes)
+    assert len(pinned) == 6 and holder.exchange.num_pins == 1
+    imp = puller.exchange.begin_import(prompt, SALT, 0, len(pinned))
+    assert imp is not None
+    sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
+    assert sums == [c for _, c in pinned]
+    assert puller.exchange.finish_import(imp, sums) == 6
+    assert holder.exchange.unpin("p1") and not holder.exchange.unpin("p1")
+
+    assert run(puller, "r", prompt) == expected
+    assert puller.stats.prompt_tokens_computed == 26 - 24
+    assert puller.pool.num_free_blocks == puller.config.num_kv_blocks
+
+
+def test_only_the_verified_leading_blocks_are_cached(make_engine: EngineFactory) -> None:
+    prompt = prompts(1, 26, 26, seed=32)[0]
+    expected = make_engine().generate([prompt], FULL)[0].output_token_ids
+    holder, puller = make_engine(), make_engine()
+    run(holder, "warm", prompt)
+    pinned = holder.exchange.pin("p", puller.exchange.prompt_hashes(prompt, SALT))
+    imp = puller.exchange.begin_import(prompt, SALT, 0, len(pinned))
+    assert imp is not None
+    sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
+    assert puller.exchange.finish_import(imp, sums[:2]) == 2  # block 2 failed verification
+    assert run(puller, "r", prompt) == expected
+    assert puller.stats.prompt_tokens_computed == 26 - 8
+
+
+def test_a_pull_continues_a_prefix_the_puller_holds(make_engine: EngineFactory) -> None:
+    prompt = prompts(1, 30, 30, seed=33)[0]
+    expected = make_engine().generate([prompt], FULL)[0].output_token_ids
+    holder, puller = make_engine(), make_engine()
+    run(holder, "warm", prompt)
+    run(puller, "short", prompt[:9])  # the puller caches blocks 0 and 1 itself
+    hashes = puller.exchange.prompt_hashes(prompt, SALT)
+    first = puller.exchange.num_leading_cached(hashes)
+    assert first == 2
+    pinned = holder.exchange.pin("p", hashes[first:])
+    imp = puller.exchange.begin_import(prompt, SALT, first, len(pinned))
+    assert imp is not None and len(imp.block_ids) == 5
+    sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
+    puller.exchange.finish_import(imp, sums)
+    holder.exchange.unpin("p")
+    computed_before = puller.stats.prompt_tokens_computed
+    assert run(puller, "r", prompt) == expected
+    assert puller.stats.prompt_tokens_computed - computed_before == 30 - 28
+
+
+def test_another_scope_pins_nothing(make_engine: EngineFactory) -> None:
+    prompt = prompts(1, 20, 20, seed=34)[0]
+    holder = make_engine()
+    run(holder, "warm", prompt, salt=b"tenant-a")
+    other = holder.exchange.prompt_hashes(prompt, b"tenant-b")
+    assert holder.exchange.pin("p", other) == []
+    assert holder.exchange.num_pins == 0
+
+
+def test_no_room_reserves_nothing_and_keeps_the_pool_whole(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    prompt = prompts(1, 20, 20, seed=35)[0]
+    blocks = engine.config.num_kv_blocks
+    taken = engine.pool.allocate(blocks - 1)
+    assert taken is not None
+    assert engine.exchange.begin_import(prompt, SALT, 0, 4) is None
+    engine.pool.free(taken)
+    assert engine.pool.num_free_blocks == blocks

@@ -32,11 +32,12 @@ from pathlib import Path
 
 import asyncpg
 import numpy as np
+from placement import placement_rate, scope_root  # bench/ is first on sys.path
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from shared.kv.hashing import hash_block_tokens, root_hash
+from shared.kv.hashing import hash_block_tokens
 from shared.rpc.client import CacheMetaClient, CacheMetaUnavailable
 from shared.rpc.types import BlockRecord
 
@@ -65,7 +66,7 @@ class Workload:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.rng = random.Random(args.seed)
-        scope = root_hash("bench-model", BLOCK_TOKENS, "float32")
+        scope = scope_root()  # the scheduler's root for the benchmark's tenant
         own = args.chain - args.shared_blocks
         roots = max(1, args.roots)
         num_convs = max(1, (args.blocks - roots * args.shared_blocks) // own)
@@ -96,6 +97,15 @@ class Workload:
             out.append(parent)
         return out
 
+    def prompt(self, conv: int) -> list[int]:
+        """The tokens of a conversation's chain plus one: a prompt whose every block may hit."""
+        root = self.root_of[conv]
+        parts = [
+            self._tokens(("root", root), len(self.roots[root])),
+            self._tokens(("conv", conv), self.own_len),
+        ]
+        return [*np.concatenate(parts).ravel().tolist(), 1]
+
     def records(self, conv: int) -> list[BlockRecord]:
         chain = self.chains[conv]
         root = self.root_of[conv]
@@ -105,7 +115,7 @@ class Workload:
                 self._tokens(("conv", conv), self.own_len),
             ]
         ).tolist()
-        parents = [root_hash("bench-model", BLOCK_TOKENS, "float32"), *chain[:-1]]
+        parents = [scope_root(), *chain[:-1]]
         return [
             BlockRecord(h, p, t, BLOCK_BYTES, int.from_bytes(h[:8], "little"))
             for h, p, t in zip(chain, parents, tokens, strict=True)
@@ -241,6 +251,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+async def measure_placements(
+    client: CacheMetaClient, work: Workload, args: argparse.Namespace, rows: list[tuple[str, str]]
+) -> None:
+    """The scheduler's whole placement path for prompts of whole held chains."""
+    rng = random.Random(args.seed + 2)
+    convs = rng.sample(range(len(work.chains)), min(200, len(work.chains)))
+    prompts = [work.prompt(c) for c in convs]
+    nodes = [f"node-{n:02d}" for n in range(args.nodes)]
+    for in_flight in (1, 32):
+        s = await placement_rate(client, prompts, nodes, calls=args.placements, in_flight=in_flight)
+        rows.append(
+            (
+                f"scheduler placements, {len(prompts[0]):,}-token prompts, {in_flight} in flight",
+                f"{s.per_s:,.0f} placements/s  p50 {s.p50_ms:.2f} ms  p99 {s.p99_ms:.2f} ms  "
+                f"({s.with_pull:,} of {s.placements:,} with a pull planned, "
+                f"{s.rejected} rejected)",
+            )
+        )
+
+
 async def run(args: argparse.Namespace) -> None:
     name = f"crescent_bench_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(args.pg_dsn, timeout=5)
@@ -291,6 +321,8 @@ async def run(args: argparse.Namespace) -> None:
                 )
             )
 
+        await measure_placements(client, work, args, rows)
+
         service.stop()
         service.start()
         ready_s = await service.ready(client)
@@ -325,6 +357,7 @@ def main() -> None:
     parser.add_argument("--roots", type=int, default=64, help="shared roots (system prompts)")
     parser.add_argument("--batch", type=int, default=4096, help="blocks per RegisterBlocks")
     parser.add_argument("--matches", type=int, default=5000, help="MatchPrefix calls per run")
+    parser.add_argument("--placements", type=int, default=3000, help="placements per run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--pg-dsn",

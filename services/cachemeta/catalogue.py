@@ -58,6 +58,7 @@ class Catalogue:
         self._heard: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._touches: dict[bytes, tuple[int, float]] = {}  # hash -> (accesses, last), unsaved
         self._started_at = clock()
 
     async def load(self) -> LoadReport:
@@ -127,10 +128,36 @@ class Catalogue:
 
         return await self._exclusive(change)
 
-    async def touch(self, block_hashes: Sequence[bytes]) -> int:
-        """Records one access of each known block; returns how many were known."""
-        unique = list(dict.fromkeys(block_hashes))
-        return await self._exclusive(lambda: self.repository.touch(unique, self.clock()))
+    def touch(self, block_hashes: Sequence[bytes]) -> int:
+        """Records an access of each known block per time it is listed; returns how many of
+        the listed hashes were known.
+
+        Accesses are counted in memory and written by ``flush_touches``: the scheduler touches
+        every placed prompt, and a database write per placement would cap placements at the
+        database's pace. Access statistics may lag by a flush interval; nothing else waits.
+        """
+        now = self.clock()
+        known = [h for h in block_hashes if self.index.contains(h)]
+        for block_hash in known:  # a hash listed twice is two accesses
+            count, _ = self._touches.get(block_hash, (0, now))
+            self._touches[block_hash] = (count + 1, now)
+        return len(known)
+
+    async def flush_touches(self) -> int:
+        """Writes the accesses counted since the last flush; on failure they are kept for the
+        next one. Returns how many blocks were written."""
+        pending, self._touches = self._touches, {}
+        if not pending:
+            return 0
+        accesses = [(h, n, t) for h, (n, t) in pending.items()]
+        try:
+            await self._exclusive(lambda: self.repository.touch(accesses))
+        except BaseException:
+            for block_hash, (count, at) in pending.items():
+                newer, last = self._touches.get(block_hash, (0, at))
+                self._touches[block_hash] = (count + newer, max(at, last))
+            raise
+        return len(accesses)
 
     async def heartbeat(
         self, node_id: str, role: str, epoch: str, tiers: Sequence[TierCapacity]

@@ -101,6 +101,8 @@ class CacheMetaService:
             await self.server.stop(grace=2.0)
         if self.catalogue is not None:
             await self.catalogue.drain()
+            with contextlib.suppress(Exception):  # best effort: access counts are statistics
+                await self.catalogue.flush_touches()
         if self.ops is not None:
             self.ops.stop()
         if self.engine is not None:
@@ -115,6 +117,7 @@ class CacheMetaService:
                     await conn.execute(text("SELECT 1"))
                 self.database_up = True
                 await self.catalogue.sweep()
+                await self.catalogue.flush_touches()
             except DatabaseUnavailable as exc:
                 self.database_up = False
                 log.warning("sweep skipped: %s", exc)

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import LargeBinary, Table, delete, exists, func, select, update
+from sqlalchemy import LargeBinary, Table, bindparam, delete, exists, func, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -212,19 +212,20 @@ class Repository:
 
         await self._run(work)
 
-    async def touch(self, block_hashes: Sequence[bytes], now: float) -> int:
-        async def work(conn: AsyncConnection) -> int:
-            touched = 0
-            for chunk in _chunks(block_hashes):
-                stmt = (
-                    update(blocks)
-                    .where(blocks.c.hash.in_(chunk))
-                    .values(last_access=now, access_count=blocks.c.access_count + 1)
-                )
-                touched += (await conn.execute(stmt)).rowcount
-            return touched
+    async def touch(self, accesses: Sequence[tuple[bytes, int, float]]) -> None:
+        """Adds ``count`` accesses to each block and sets its last access to ``at``, for
+        ``(block_hash, count, at)`` in ``accesses``; unknown blocks are skipped."""
+        stmt = (
+            update(blocks)
+            .where(blocks.c.hash == bindparam("h"))
+            .values(access_count=blocks.c.access_count + bindparam("n"), last_access=bindparam("t"))
+        )
 
-        return await self._run(work)
+        async def work(conn: AsyncConnection) -> None:
+            for chunk in _chunks(accesses):
+                await conn.execute(stmt, [{"h": h, "n": n, "t": t} for h, n, t in chunk])
+
+        await self._run(work)
 
     async def stats(self) -> CatalogueStats:
         joined = replicas.join(blocks, blocks.c.hash == replicas.c.block_hash)

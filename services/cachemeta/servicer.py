@@ -88,7 +88,7 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
         self, request: pb.TouchBlocksRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.TouchBlocksReply:
         async def run(hashes: list[bytes]) -> pb.TouchBlocksReply:
-            return pb.TouchBlocksReply(num_touched=await self.catalogue.touch(hashes))
+            return pb.TouchBlocksReply(num_touched=self.catalogue.touch(hashes))
 
         return await self._serve("TouchBlocks", context, lambda: _hashes(request.block_hashes), run)
 

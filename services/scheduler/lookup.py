@@ -80,8 +80,9 @@ class PrefixLookup:
     reasons: ``unconfigured``, ``backoff``, ``timeout``, the name of the client's error class
     (``CacheMetaUnavailable``, ``CacheMetaError``) or ``unexpected``. Invariants:
     an outage is logged once when it starts and once when it ends; every lookup answered
-    without cachemeta is reported to ``on_fallback`` with its reason; at most ``max_touches``
-    touches are in flight, and they never raise.
+    without cachemeta is reported to ``on_fallback`` with its reason; touches wait at most
+    ``touch_interval_s`` in one pending batch of at most ``max_pending_touches`` hashes, and
+    they never raise.
     """
 
     def __init__(
@@ -91,18 +92,21 @@ class PrefixLookup:
         timeout_s: float,
         retry_s: float,
         on_fallback: Callable[[str], None] = lambda reason: None,
-        max_touches: int = 256,
+        max_pending_touches: int = 1 << 16,
+        touch_interval_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.index = index
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.on_fallback = on_fallback
-        self.max_touches = max_touches
+        self.max_pending_touches = max_pending_touches
+        self.touch_interval_s = touch_interval_s
         self.clock = clock
         self.down = False
         self._retry_at = 0.0
-        self._touches: set[asyncio.Task[None]] = set()
+        self._pending: list[BlockHash] = []  # touched since the last batch went out
+        self._flush: asyncio.Task[None] | None = None
 
     async def match(self, block_hashes: Sequence[BlockHash]) -> list[PrefixHolder]:
         """The holders of the leading blocks, longest first; ``[]`` when unknown."""
@@ -133,24 +137,36 @@ class PrefixLookup:
         return []
 
     def touch(self, block_hashes: Sequence[BlockHash]) -> None:
-        """Marks the blocks recently used, in the background; skipped while cachemeta is down
-        or too many touches are pending."""
+        """Marks the blocks used once more, in the background: touches are gathered for
+        ``touch_interval_s`` and sent as one call (a call per placement would double the
+        traffic to cachemeta). Skipped while cachemeta is down or the batch is full."""
         if self.index is None or self.down or not block_hashes:
             return
-        if len(self._touches) >= self.max_touches:
+        if len(self._pending) + len(block_hashes) > self.max_pending_touches:
             return
-        task = asyncio.create_task(self._touch(self.index, list(block_hashes)))
-        self._touches.add(task)
-        task.add_done_callback(self._touches.discard)
+        self._pending.extend(block_hashes)
+        if self._flush is None:
+            self._flush = asyncio.create_task(self._send_touches(self.index))
 
     async def close(self) -> None:
-        """Cancels the touches still in flight."""
-        tasks = list(self._touches)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        """Sends the touches gathered so far, then stops."""
+        if self._flush is not None:
+            self._flush.cancel()
+            await asyncio.gather(self._flush, return_exceptions=True)
+            self._flush = None
+        if self._pending and self.index is not None and not self.down:
+            await self._send(self.index, self._take_pending())
 
-    async def _touch(self, index: PrefixIndex, block_hashes: list[BlockHash]) -> None:
+    async def _send_touches(self, index: PrefixIndex) -> None:
+        await asyncio.sleep(self.touch_interval_s)
+        self._flush = None  # touches from now on start the next batch
+        await self._send(index, self._take_pending())
+
+    def _take_pending(self) -> list[BlockHash]:
+        batch, self._pending = self._pending, []
+        return batch
+
+    async def _send(self, index: PrefixIndex, block_hashes: list[BlockHash]) -> None:
         try:
             async with asyncio.timeout(self.timeout_s * 10 + _GRACE_S):
                 await index.touch_blocks(block_hashes)

@@ -184,18 +184,18 @@ def _cost_on(
     limit = max(prompt - 1, 0) // bs  # the last token is always computed
     coef = view.timing.coefficients(node.node_id, "prefill")
     step = node.max_num_batched_tokens or view.costs.max_num_batched_tokens
+    memo: dict[int, float] = {}
 
     def compute_s(blocks: int) -> float:
-        return prefill_seconds(coef, prompt - blocks * bs, blocks * bs, step)
+        if blocks not in memo:
+            memo[blocks] = prefill_seconds(coef, prompt - blocks * bs, blocks * bs, step)
+        return memo[blocks]
 
     local = min(cached.get(node.node_id, 0), limit)
     best: tuple[float, float, int, tuple[Pull, ...]] = (compute_s(local), 0.0, local, ())
-    for source in sorted(cached):
-        remote = min(cached[source], limit)
-        if source == node.node_id or remote <= local:
-            continue
+    for remote, source, bandwidth in _sources(node, cached, limit, local, view):
         missing_bytes = (remote - local) * view.block_bytes(node)
-        fetch = view.costs.pull_overhead_s + missing_bytes / view.fetch_bandwidth(node, source)
+        fetch = view.costs.pull_overhead_s + missing_bytes / bandwidth
         compute = compute_s(remote)
         if fetch + compute < best[0] + best[1]:
             best = (compute, fetch, remote, (Pull(source, local, remote - local),))
@@ -211,6 +211,26 @@ def _cost_on(
         pulls=pulls,
         queued_tokens=queued,
     )
+
+
+def _sources(
+    node: NodeLoad, cached: dict[str, int], limit: int, local: int, view: ClusterView
+) -> list[tuple[int, str, float]]:
+    """``(blocks, source, bandwidth)`` of the peers worth pulling from: for each number of
+    leading blocks beyond ``local``, only the holder with the fastest link to ``node`` (ties:
+    the lowest id), since every other holder of as many blocks costs at least as much. Keeps
+    a placement linear in the number of holders rather than quadratic."""
+    fallback = view.fallback_bandwidth(node)
+    fastest: dict[int, tuple[float, str]] = {}
+    for source, count in cached.items():
+        remote = min(count, limit)
+        if source == node.node_id or remote <= local:
+            continue
+        bandwidth = node.fetch_bandwidth.get(source, 0.0) or fallback
+        current = fastest.get(remote)
+        if current is None or (bandwidth, current[1]) > (current[0], source):
+            fastest[remote] = (bandwidth, source)
+    return [(r, s, bw) for r, (bw, s) in sorted(fastest.items())]
 
 
 def _retry_after(costs: Sequence[PrefillCost], slo_s: float) -> float:

@@ -99,7 +99,8 @@ class CacheMetaServicer:
         raise NotImplementedError('Method not implemented!')
 
     def TouchBlocks(self, request, context):
-        """Records accesses (time and count) of blocks, for eviction policies.
+        """Records accesses (time and count) of blocks, for eviction policies; a hash listed n times
+        is n accesses, so a caller may batch its touches.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -58,12 +58,15 @@ def test_database_down_for_a_while(served_pg: Served, postgres: Postgres) -> Non
             lambda: client.register_blocks("n1", "dram", blocks[4:]),
             lambda: client.drop_blocks("n1", "dram", hashes(blocks[:1])),
             lambda: client.heartbeat("n1", "prefill", "e1"),
-            lambda: client.touch_blocks(hashes(blocks[:1])),
         ):
             started = time.monotonic()
             with pytest.raises(CacheMetaUnavailable, match="database"):
                 await call()
             assert time.monotonic() - started < 3.0
+        # Accesses are counted in memory and kept until a flush can write them.
+        assert await client.touch_blocks(hashes(blocks[1:2])) == 1
+        with pytest.raises(Exception, match="not currently accepting connections"):
+            await served_pg.service.catalogue.flush_touches()
         # Reads are answered from memory, and nothing refused reached the index.
         assert await client.match_prefix(hashes(blocks)) == [PrefixHolder("n1", "dram", 4)]
         assert (await client.stats()).num_replicas == 4
@@ -76,6 +79,11 @@ def test_database_down_for_a_while(served_pg: Served, postgres: Postgres) -> Non
         assert await client.register_blocks("n1", "dram", blocks[4:]) == 6
         assert await client.drop_blocks("n1", "dram", hashes(blocks[:1])) == 1
         assert (await client.stats()).num_replicas == 9
+        # The access counted during the outage is written once the database is back.
+        catalogue = served_pg.service.catalogue
+        await catalogue.flush_touches()
+        row = await catalogue.repository.block(blocks[1].block_hash)
+        assert row is not None and row["access_count"] == 1
 
     served_pg.call(back())
     served_pg.restart()  # the database agrees with what was answered

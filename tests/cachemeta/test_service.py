@@ -52,6 +52,8 @@ def test_register_match_drop_touch_list_stats(served: Served) -> None:
 
     served.call(scenario())
     assert served.service is not None and served.service.catalogue is not None
+    # Accesses reach the database on the next flush (the service flushes about every second).
+    assert served.call(served.service.catalogue.flush_touches()) == 2
     # The counts answered from memory are the database's.
     in_db = served.call(served.service.catalogue.repository.stats())
     assert in_db == served.call(client.stats()) == CatalogueStats(10, 13, 2, 13 * 4096)

@@ -147,12 +147,17 @@ def test_touches_run_in_the_background_and_never_raise() -> None:
         index = FakeCacheMeta(touch_error=CacheMetaUnavailable("gone"))
         look = lookup(index, Clock(), [])
         look.touch([b"a" * 16, b"b" * 16])
-        look.touch([])  # nothing to touch: no call
-        await asyncio.sleep(0.01)
+        look.touch([])  # nothing to touch: nothing added
+        look.touch([b"a" * 16])  # a second access counts again
+        await asyncio.sleep(look.touch_interval_s + 0.05)
+        look.touch([b"c" * 16])  # after the batch went out: the next one, sent at close
         await look.close()
         return index
 
-    assert asyncio.run(scenario()).touches == [[b"a" * 16, b"b" * 16]]
+    assert asyncio.run(scenario()).touches == [
+        [b"a" * 16, b"b" * 16, b"a" * 16],
+        [b"c" * 16],
+    ]
 
 
 def test_no_touches_while_cachemeta_is_down() -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, CostParams, NodeLoad
 from services.scheduler.timing import (
+    StepCoefficients,
     decode_step_seconds,
     prefill_seconds,
     queue_seconds,
@@ -164,7 +165,34 @@ def prefill_costs(
     """The cost of ``request`` on every live prefill node."""
     prefills = view.live("prefill", now)
     cached = _pullable(holders, {n.node_id for n in prefills})
-    return [_cost_on(node, request, cached, view) for node in prefills]
+    groups = _holder_groups(cached, request, prefills)
+    memo: dict[tuple[StepCoefficients, int, int, int], float] = {}
+    return [_cost_on(node, request, cached, view, groups, memo) for node in prefills]
+
+
+@dataclass(frozen=True, slots=True)
+class _HolderGroup:
+    """The live prefill nodes holding exactly ``num_blocks`` usable leading blocks."""
+
+    num_blocks: int
+    node_ids: list[str]  # sorted
+    members: frozenset[str]
+
+
+def _holder_groups(
+    cached: dict[str, int], request: PlacementRequest, prefills: Sequence[NodeLoad]
+) -> list[_HolderGroup]:
+    """Holders grouped by how many usable blocks they hold (computed once per placement, so
+    pricing every node stays linear in the number of nodes)."""
+    if not cached or not prefills:
+        return []
+    limit = max(request.num_prompt_tokens - 1, 0) // prefills[0].block_size
+    by_count: dict[int, list[str]] = {}
+    for node_id, count in cached.items():
+        by_count.setdefault(min(count, limit), []).append(node_id)
+    return [
+        _HolderGroup(count, sorted(ids), frozenset(ids)) for count, ids in sorted(by_count.items())
+    ]
 
 
 def _pullable(holders: Iterable[PrefixHolder], live: set[str]) -> dict[str, int]:
@@ -177,23 +205,30 @@ def _pullable(holders: Iterable[PrefixHolder], live: set[str]) -> dict[str, int]
 
 
 def _cost_on(
-    node: NodeLoad, request: PlacementRequest, cached: dict[str, int], view: ClusterView
+    node: NodeLoad,
+    request: PlacementRequest,
+    cached: dict[str, int],
+    view: ClusterView,
+    groups: Sequence[_HolderGroup] = (),
+    memo: dict[tuple[StepCoefficients, int, int, int], float] | None = None,
 ) -> PrefillCost:
-    """Computes what ``node`` lacks, or pulls it from the holder that makes this cheapest."""
+    """Computes what ``node`` lacks, or pulls it from the holder that makes this cheapest.
+    ``memo`` shares prefill times between nodes of one placement that have the same model."""
     bs, prompt = node.block_size, request.num_prompt_tokens
     limit = max(prompt - 1, 0) // bs  # the last token is always computed
     coef = view.timing.coefficients(node.node_id, "prefill")
     step = node.max_num_batched_tokens or view.costs.max_num_batched_tokens
-    memo: dict[int, float] = {}
+    times = {} if memo is None else memo
 
     def compute_s(blocks: int) -> float:
-        if blocks not in memo:
-            memo[blocks] = prefill_seconds(coef, prompt - blocks * bs, blocks * bs, step)
-        return memo[blocks]
+        key = (coef, step, bs, blocks)
+        if key not in times:
+            times[key] = prefill_seconds(coef, prompt - blocks * bs, blocks * bs, step)
+        return times[key]
 
     local = min(cached.get(node.node_id, 0), limit)
     best: tuple[float, float, int, tuple[Pull, ...]] = (compute_s(local), 0.0, local, ())
-    for remote, source, bandwidth in _sources(node, cached, limit, local, view):
+    for remote, source, bandwidth in _sources(node, groups, limit, local, view):
         missing_bytes = (remote - local) * view.block_bytes(node)
         fetch = view.costs.pull_overhead_s + missing_bytes / bandwidth
         compute = compute_s(remote)
@@ -214,23 +249,30 @@ def _cost_on(
 
 
 def _sources(
-    node: NodeLoad, cached: dict[str, int], limit: int, local: int, view: ClusterView
+    node: NodeLoad, groups: Sequence[_HolderGroup], limit: int, local: int, view: ClusterView
 ) -> list[tuple[int, str, float]]:
     """``(blocks, source, bandwidth)`` of the peers worth pulling from: for each number of
     leading blocks beyond ``local``, only the holder with the fastest link to ``node`` (ties:
-    the lowest id), since every other holder of as many blocks costs at least as much. Keeps
-    a placement linear in the number of holders rather than quadratic."""
+    the lowest id), since every other holder of as many blocks costs at least as much."""
+    out: list[tuple[int, str, float]] = []
+    if not groups or groups[-1].num_blocks <= local:
+        return out
     fallback = view.fallback_bandwidth(node)
-    fastest: dict[int, tuple[float, str]] = {}
-    for source, count in cached.items():
-        remote = min(count, limit)
-        if source == node.node_id or remote <= local:
+    me = node.node_id
+    measured = {s: bw for s, bw in node.fetch_bandwidth.items() if bw > 0 and s != me}
+    for group in groups:
+        remote = min(group.num_blocks, limit)
+        if remote <= local:
             continue
-        bandwidth = node.fetch_bandwidth.get(source, 0.0) or fallback
-        current = fastest.get(remote)
-        if current is None or (bandwidth, current[1]) > (current[0], source):
-            fastest[remote] = (bandwidth, source)
-    return [(r, s, bw) for r, (bw, s) in sorted(fastest.items())]
+        # Unmeasured links all get the fallback: the lowest such id stands for them.
+        unmeasured = next((s for s in group.node_ids if s != me and s not in measured), None)
+        best = None if unmeasured is None else (-fallback, unmeasured)
+        for source, bandwidth in measured.items():
+            if source in group.members and (best is None or (-bandwidth, source) < best):
+                best = (-bandwidth, source)
+        if best is not None:
+            out.append((remote, best[1], -best[0]))
+    return out
 
 
 def _retry_after(costs: Sequence[PrefillCost], slo_s: float) -> float:

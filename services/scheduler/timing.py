@@ -131,7 +131,7 @@ class StepTimes:
         self.prior_weight = prior_weight
         self._windows: dict[str, _Window] = {}
         self._node_fits: dict[str, StepCoefficients] = {}
-        self._role_fits: dict[str, StepCoefficients] = {}
+        self._role_fits: dict[str, StepCoefficients | None] = {}
 
     def add(self, node_id: str, role: str, samples: Iterable[StepSample]) -> None:
         """Records a heartbeat's samples (invalid ones, e.g. negative times, are dropped)."""
@@ -168,16 +168,16 @@ class StepTimes:
         return fitted
 
     def _pooled(self, role: str) -> StepCoefficients | None:
+        # Cached until samples change, including "too few to fit" (None).
         if role in self._role_fits:
             return self._role_fits[role]
         pool = Moments()
         for window in self._windows.values():
             if window.role == role:
                 pool.merge(window.moments)
-        if pool.count < self.min_samples:
-            return None
-        self._role_fits[role] = self._fit(pool)
-        return self._role_fits[role]
+        fit = None if pool.count < self.min_samples else self._fit(pool)
+        self._role_fits[role] = fit
+        return fit
 
     def _fit(self, moments: Moments) -> StepCoefficients:
         return _coefficients(moments, self.prior, self.prior_weight)

@@ -9,12 +9,11 @@ import dataclasses
 import logging
 import os
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
 from shared.bus import Bus
-from shared.catalogue_sync import CatalogueSync
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
@@ -23,6 +22,9 @@ from shared.messages import NodeStatus, StepSample
 from shared.node import FetchBandwidth, NodeSettings, heartbeat_loop, node_status
 from shared.node_metrics import NodeMetrics
 from shared.ops_http import OpsServer
+
+if TYPE_CHECKING:
+    from shared.catalogue_sync import CatalogueSync
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +66,7 @@ class NodeRuntime:
 
     def _start_catalogue(self, s: NodeSettings) -> None:
         # Imported here: a node without cachemeta never loads grpc.
+        from shared.catalogue_sync import CatalogueSync
         from shared.rpc.client import CacheMetaClient
 
         self.catalogue = CatalogueSync(

@@ -18,7 +18,7 @@ from shared import subjects
 from shared.bus import Bus, BusRequestError
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.cache_exchange import PrefixImport
-from shared.kv.hashing import block_checksum
+from shared.kv.hashing import BlockHash, block_checksum
 from shared.messages import LeaseRelease, PinReply, PinRequest, PullPlan
 from shared.model.kv_cache import PagedKVCache
 from shared.node import FetchBandwidth
@@ -74,7 +74,8 @@ class PeerFetcher:
         self, prompt: list[int], salt: bytes, plan: PullPlan, fetched: FetchedPrefix
     ) -> None:
         exchange = self.engine.engine.exchange
-        hashes = await self.engine.call_now(lambda: exchange.prompt_hashes(prompt, salt))
+        # Hashing needs no lock; only the lookup in the pool does.
+        hashes = exchange.prompt_hashes(prompt, salt)
         first = await self.engine.call_now(lambda: exchange.num_leading_cached(hashes))
         first = max(first, plan.first_block)
         end = min(plan.first_block + plan.num_blocks, len(hashes))
@@ -93,7 +94,7 @@ class PeerFetcher:
             return
         try:
             if pin.block_ids:
-                await self._pull_pinned(prompt, salt, first, plan.node_id, pin, fetched)
+                await self._pull_pinned(prompt, salt, hashes, first, plan.node_id, pin, fetched)
         finally:
             if pin.lease_id:
                 await self.bus.publish(
@@ -104,6 +105,7 @@ class PeerFetcher:
         self,
         prompt: list[int],
         salt: bytes,
+        hashes: list[BlockHash],
         first: int,
         source: str,
         pin: PinReply,
@@ -111,7 +113,9 @@ class PeerFetcher:
     ) -> None:
         count = min(len(pin.block_ids), len(pin.block_checksums))
         exchange = self.engine.engine.exchange
-        imp = await self.engine.call_now(lambda: exchange.begin_import(prompt, salt, first, count))
+        imp = await self.engine.call_now(
+            lambda: exchange.begin_import(prompt, salt, hashes, first, count)
+        )
         if imp is None:
             return
         dest = [self.cache.block_buffer(b) for b in imp.block_ids]

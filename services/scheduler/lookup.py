@@ -16,7 +16,7 @@ from typing import Protocol
 
 from services.scheduler.cluster import NodeLoad
 from shared.errors import CrescentError
-from shared.kv.hashing import BlockHash, hash_full_blocks, root_hash, scope_salt
+from shared.kv.hashing import BlockHash, hash_reusable_blocks, root_hash, scope_salt
 from shared.rpc.types import PrefixHolder
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,7 @@ def prompt_block_hashes(
 ) -> list[BlockHash]:
     """The hashes a prefill node gives the prompt's cacheable blocks: the full blocks before
     the last token (which is always computed, to sample the first output token)."""
-    num_blocks = max(len(prompt) - 1, 0) // scope.block_size
-    tokens = prompt[: num_blocks * scope.block_size]
-    return hash_full_blocks(tokens, scope.block_size, _root(scope, secret, tenant, cache_salt))
+    return hash_reusable_blocks(prompt, scope.block_size, _root(scope, secret, tenant, cache_salt))
 
 
 class PrefixIndex(Protocol):

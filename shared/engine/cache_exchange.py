@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.kv.hashing import BlockHash, hash_full_blocks
+from shared.kv.hashing import BlockHash, hash_reusable_blocks
 from shared.kv.pool import BlockPool, KVBlock
 
 
@@ -77,10 +77,8 @@ class CacheExchange:
         return [self._entry(b) for b in self.pool.cached_blocks()]
 
     def prompt_hashes(self, prompt: list[int], cache_salt: bytes) -> list[BlockHash]:
-        """Hashes of the prompt's full blocks that a prefix hit may cover (never the block
-        holding the last token, whose logits are always computed)."""
-        usable = (len(prompt) - 1) // self.block_size * self.block_size
-        return hash_full_blocks(prompt[:usable], self.block_size, self._root(cache_salt))
+        """Hashes of the prompt's blocks that a prefix hit may cover."""
+        return hash_reusable_blocks(prompt, self.block_size, self._root(cache_salt))
 
     def num_leading_cached(self, hashes: list[BlockHash]) -> int:
         count = 0
@@ -113,12 +111,16 @@ class CacheExchange:
         return len(self._pins)
 
     def begin_import(
-        self, prompt: list[int], cache_salt: bytes, first_block: int, num_blocks: int
+        self,
+        prompt: list[int],
+        cache_salt: bytes,
+        hashes: list[BlockHash],
+        first_block: int,
+        num_blocks: int,
     ) -> PrefixImport | None:
         """Reserves fresh blocks for prompt blocks ``first_block .. first_block+num_blocks-1``
         (fewer if the prompt has fewer reusable blocks); None when the pool has no room (the
-        caller then just computes)."""
-        hashes = self.prompt_hashes(prompt, cache_salt)
+        caller then just computes). ``hashes`` are ``prompt_hashes(prompt, cache_salt)``."""
         wanted = hashes[first_block : first_block + num_blocks]
         if first_block < 0 or not wanted:
             return None

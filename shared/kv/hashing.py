@@ -110,6 +110,16 @@ def hash_full_blocks(token_ids: Sequence[int], block_size: int, root: BlockHash)
     return _chain(root, packed, block_size, count)
 
 
+def hash_reusable_blocks(
+    token_ids: Sequence[int], block_size: int, root: BlockHash
+) -> list[BlockHash]:
+    """Hashes of the blocks of a prompt that a prefix-cache hit may cover: its full blocks
+    before the last token, whose logits are always computed to sample the next token. The
+    scheduler and the nodes both name a prompt's cacheable blocks with this."""
+    num_blocks = max(len(token_ids) - 1, 0) // block_size
+    return hash_full_blocks(token_ids[: num_blocks * block_size], block_size, root)
+
+
 def extend_block_hashes(
     hashes: list[BlockHash], token_ids: Sequence[int], block_size: int, root: BlockHash
 ) -> list[BlockHash]:

@@ -56,7 +56,7 @@ def test_a_prefix_pulled_from_a_peer_is_reused_and_decodes_the_same(
 
     pinned = holder.exchange.pin("p1", hashes)
     assert len(pinned) == 6 and holder.exchange.num_pins == 1
-    imp = puller.exchange.begin_import(prompt, SALT, 0, len(pinned))
+    imp = puller.exchange.begin_import(prompt, SALT, hashes, 0, len(pinned))
     assert imp is not None
     sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
     assert sums == [c for _, c in pinned]
@@ -73,8 +73,9 @@ def test_only_the_verified_leading_blocks_are_cached(make_engine: EngineFactory)
     expected = make_engine().generate([prompt], FULL)[0].output_token_ids
     holder, puller = make_engine(), make_engine()
     run(holder, "warm", prompt)
-    pinned = holder.exchange.pin("p", puller.exchange.prompt_hashes(prompt, SALT))
-    imp = puller.exchange.begin_import(prompt, SALT, 0, len(pinned))
+    hashes = puller.exchange.prompt_hashes(prompt, SALT)
+    pinned = holder.exchange.pin("p", hashes)
+    imp = puller.exchange.begin_import(prompt, SALT, hashes, 0, len(pinned))
     assert imp is not None
     sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
     assert puller.exchange.finish_import(imp, sums[:2]) == 2  # block 2 failed verification
@@ -92,7 +93,7 @@ def test_a_pull_continues_a_prefix_the_puller_holds(make_engine: EngineFactory) 
     first = puller.exchange.num_leading_cached(hashes)
     assert first == 2
     pinned = holder.exchange.pin("p", hashes[first:])
-    imp = puller.exchange.begin_import(prompt, SALT, first, len(pinned))
+    imp = puller.exchange.begin_import(prompt, SALT, hashes, first, len(pinned))
     assert imp is not None and len(imp.block_ids) == 5
     sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
     puller.exchange.finish_import(imp, sums)
@@ -117,6 +118,7 @@ def test_no_room_reserves_nothing_and_keeps_the_pool_whole(make_engine: EngineFa
     blocks = engine.config.num_kv_blocks
     taken = engine.pool.allocate(blocks - 1)
     assert taken is not None
-    assert engine.exchange.begin_import(prompt, SALT, 0, 4) is None
+    hashes = engine.exchange.prompt_hashes(prompt, SALT)
+    assert engine.exchange.begin_import(prompt, SALT, hashes, 0, 4) is None
     engine.pool.free(taken)
     assert engine.pool.num_free_blocks == blocks

@@ -46,8 +46,6 @@ class CatalogueSync:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.epoch = uuid.uuid4().hex
         self.in_step = False
-        self.failures = 0
-        self.blocks_registered = 0
         self._last_beat = 0.0
         self._outage = False
 
@@ -61,7 +59,6 @@ class CatalogueSync:
                 self._outage = False
             except (CacheMetaUnavailable, CacheMetaError) as exc:
                 self.in_step = False
-                self.failures += 1
                 if not self._outage:
                     log.warning("cachemeta sync failed (%s); will resync when it is back", exc)
                 self._outage = True
@@ -89,7 +86,6 @@ class CatalogueSync:
             await self.client.drop_blocks(self.node_id, TIER, evicted)
         if stored:
             await self.client.register_blocks(self.node_id, TIER, self._records(stored))
-            self.blocks_registered += len(stored)
         self.in_step = True
 
     async def drop_all(self) -> None:
@@ -99,7 +95,6 @@ class CatalogueSync:
     async def _resync(self) -> None:
         blocks = await self.engine.call_now(self.engine.engine.exchange.snapshot)
         await self.client.register_blocks(self.node_id, TIER, self._records(blocks), replace=True)
-        self.blocks_registered += len(blocks)
         self.in_step = True
 
     def _records(self, blocks: Sequence[CachedBlock]) -> list[BlockRecord]:

@@ -34,10 +34,6 @@ class FetchedPrefix:
 
     imports: list[tuple[PrefixImport, list[int]]] = field(default_factory=list)
 
-    @property
-    def num_blocks(self) -> int:
-        return sum(len(sums) for _, sums in self.imports)
-
 
 class PeerFetcher:
     """Owns one transfer client per kind for pulls from peers, and pull counters."""

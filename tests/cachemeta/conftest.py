@@ -18,6 +18,7 @@ from services.cachemeta.main import CacheMetaService
 from shared.rpc.client import CacheMetaClient
 from tests.support.loop import BackgroundLoop, shared_loop
 from tests.support.postgres import ADMIN_DSN as POSTGRES_ADMIN_DSN
+from tests.support.postgres import terminate_sql
 
 BACKENDS = ("sqlite", "postgres")
 
@@ -58,10 +59,7 @@ class Postgres:
         )
 
     def terminate_sql(self) -> str:
-        return (
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{self.name}' AND pid <> pg_backend_pid()"
-        )
+        return terminate_sql(self.name)
 
     def truncate(self) -> None:
         async def run() -> None:

@@ -49,16 +49,19 @@ def fresh_database(prefix: str = "crescent_test") -> Iterator[str]:
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
+def terminate_sql(name: str) -> str:
+    """The statement that ends every open connection to ``name``."""
+    return (
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    )
+
+
 def cut_off(name: str) -> None:
     """Refuses new connections to ``name`` and ends the open ones: an outage as its clients
     see it."""
     asyncio.run(_admin(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
-    asyncio.run(
-        _admin(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-            f"WHERE datname = '{name}' AND pid <> pg_backend_pid()"
-        )
-    )
+    asyncio.run(_admin(terminate_sql(name)))
 
 
 def restore(name: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -77,12 +77,14 @@ class Catalogue:
         self._started_at = self.clock()
         return LoadReport(len(nodes), holders, replicas, time.perf_counter() - started)
 
-    def match(self, chain: Sequence[bytes]) -> list[PrefixHolder]:
-        return self.index.match(chain)
+    def match(self, chain: Sequence[bytes], tiers: Collection[str] = ()) -> list[PrefixHolder]:
+        return self.index.match(chain, tiers)
 
-    def match_counts(self, chain: Sequence[bytes]) -> list[tuple[str, str, int]]:
+    def match_counts(
+        self, chain: Sequence[bytes], tiers: Collection[str] = ()
+    ) -> list[tuple[str, str, int]]:
         """``match`` as ``(node_id, tier, num_blocks)`` tuples, for the servicer."""
-        return self.index.match_counts(chain)
+        return self.index.match_counts(chain, tiers)
 
     async def register(
         self, node_id: str, tier: str, records: Sequence[BlockRecord], *, replace_all: bool

@@ -6,7 +6,7 @@ its holders, so matching a chain is one dict lookup and one AND per block.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from operator import itemgetter
 
 from shared.rpc.types import PrefixHolder
@@ -21,7 +21,8 @@ class PrefixIndex:
     Invariants: ``block_hash`` is in ``_masks`` and ``_sizes`` iff at least one holder holds
     it; bit ``i`` of ``_masks[h]`` is set iff ``h`` is in ``_blocks[i]``; a holder id is
     allocated iff the holder holds at least one block (ids are reused once freed);
-    ``replica_bytes`` is the sum of the sizes of every holder's blocks.
+    ``replica_bytes`` is the sum of the sizes of every holder's blocks; bit ``i`` of
+    ``_tier_masks[t]`` is set iff holder ``i`` is allocated and its tier is ``t``.
     """
 
     def __init__(self) -> None:
@@ -31,6 +32,7 @@ class PrefixIndex:
         self._holders: dict[int, Holder] = {}
         self._blocks: dict[int, set[bytes]] = {}
         self._free_ids: list[int] = []
+        self._tier_masks: dict[str, int] = {}  # tier -> bits of the holders in that tier
         self.replica_bytes = 0
 
     def __len__(self) -> int:
@@ -51,6 +53,8 @@ class PrefixIndex:
             self._ids[holder] = holder_id
             self._holders[holder_id] = holder
             self._blocks[holder_id] = set()
+            tier = holder[1]
+            self._tier_masks[tier] = self._tier_masks.get(tier, 0) | 1 << holder_id
         held = self._blocks[holder_id]
         bit = 1 << holder_id
         masks, known = self._masks, self._sizes
@@ -125,16 +129,21 @@ class PrefixIndex:
             counts[node_id] = counts.get(node_id, 0) + len(blocks)
         return counts
 
-    def match(self, chain: Sequence[bytes]) -> list[PrefixHolder]:
+    def match(self, chain: Sequence[bytes], tiers: Collection[str] = ()) -> list[PrefixHolder]:
         """Per holder, how many leading blocks of ``chain`` it holds; longest first (ties by
-        node then tier), holders of no leading block left out."""
-        return [PrefixHolder(n, t, k) for n, t, k in self.match_counts(chain)]
+        node then tier), holders of no leading block left out; only holders in ``tiers``
+        unless it is empty."""
+        return [PrefixHolder(n, t, k) for n, t, k in self.match_counts(chain, tiers)]
 
-    def match_counts(self, chain: Sequence[bytes]) -> list[tuple[str, str, int]]:
+    def match_counts(
+        self, chain: Sequence[bytes], tiers: Collection[str] = ()
+    ) -> list[tuple[str, str, int]]:
         """``match`` as plain ``(node_id, tier, num_blocks)`` tuples: the servicer's fast path
         (a reply may list every holder, and dataclasses cost more than the matching)."""
         masks = self._masks
         alive = masks.get(chain[0], 0) if chain else 0
+        if tiers:
+            alive &= sum(self._tier_masks.get(t, 0) for t in set(tiers))
         found: list[tuple[str, str, int]] = []
         position = 1
         while alive and position < len(chain):
@@ -167,6 +176,7 @@ class PrefixIndex:
 
     def _release(self, holder: Holder) -> None:
         holder_id = self._ids.pop(holder)
+        self._tier_masks[holder[1]] &= ~(1 << holder_id)
         del self._holders[holder_id]
         del self._blocks[holder_id]
         self._free_ids.append(holder_id)

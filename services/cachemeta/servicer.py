@@ -75,14 +75,20 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
     async def MatchPrefix(
         self, request: pb.MatchPrefixRequest, context: grpc.aio.ServicerContext[Any, Any]
     ) -> pb.MatchPrefixReply:
-        async def run(chain: list[bytes]) -> pb.MatchPrefixReply:
+        def check() -> tuple[list[bytes], list[str]]:
+            tiers = list(request.tiers)
+            for tier in tiers:
+                _tier(tier)
+            return _hashes(request.block_hashes), tiers
+
+        async def run(query: tuple[list[bytes], list[str]]) -> pb.MatchPrefixReply:
             reply = pb.MatchPrefixReply()
             add = reply.holders.add  # faster than building the messages apart
-            for node_id, tier, num_blocks in self.catalogue.match_counts(chain):
+            for node_id, tier, num_blocks in self.catalogue.match_counts(*query):
                 add(node_id=node_id, tier=tier, num_blocks=num_blocks)
             return reply
 
-        return await self._serve("MatchPrefix", context, lambda: _hashes(request.block_hashes), run)
+        return await self._serve("MatchPrefix", context, check, run)
 
     async def TouchBlocks(
         self, request: pb.TouchBlocksRequest, context: grpc.aio.ServicerContext[Any, Any]

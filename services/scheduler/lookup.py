@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.scheduler.cluster import NodeLoad
+from services.scheduler.costs import PULLABLE_TIER
 from shared.errors import CrescentError
 from shared.kv.hashing import BlockHash, hash_reusable_blocks, root_hash, scope_salt
 from shared.rpc.types import PrefixHolder
@@ -62,7 +63,11 @@ class PrefixIndex(Protocol):
     """The part of ``shared.rpc.client.CacheMetaClient`` the scheduler uses."""
 
     async def match_prefix(
-        self, block_hashes: Sequence[bytes], *, timeout_s: float | None = None
+        self,
+        block_hashes: Sequence[bytes],
+        *,
+        tiers: Sequence[str] = (),
+        timeout_s: float | None = None,
     ) -> list[PrefixHolder]: ...
 
     async def touch_blocks(self, block_hashes: Sequence[bytes]) -> int: ...
@@ -107,7 +112,8 @@ class PrefixLookup:
         self._flush: asyncio.Task[None] | None = None
 
     async def match(self, block_hashes: Sequence[BlockHash]) -> list[PrefixHolder]:
-        """The holders of the leading blocks, longest first; ``[]`` when unknown."""
+        """The holders of the leading blocks in the tier placement can pull from, longest
+        first; ``[]`` when unknown."""
         if self.index is None:
             self.on_fallback("unconfigured")
             return []
@@ -120,7 +126,9 @@ class PrefixLookup:
         self._retry_at = now + self.retry_s  # while this probe runs, others back off
         try:
             async with asyncio.timeout(self.timeout_s + _GRACE_S):
-                holders = await self.index.match_prefix(block_hashes, timeout_s=self.timeout_s)
+                holders = await self.index.match_prefix(
+                    block_hashes, tiers=(PULLABLE_TIER,), timeout_s=self.timeout_s
+                )
         except TimeoutError:
             self._failed("timeout", f"no answer within {self.timeout_s * 1000:.0f} ms")
         except CrescentError as exc:  # CacheMetaUnavailable, CacheMetaError

@@ -11,16 +11,19 @@ fastest. No I/O and no framework here, so the simulator and the unit tests run e
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, CostParams, NodeLoad
-from services.scheduler.timing import (
-    StepCoefficients,
-    decode_step_seconds,
-    prefill_seconds,
-    queue_seconds,
+from services.scheduler.costs import (
+    PlacementRequest,
+    PrefillCost,
+    Pull,
+    cheapest_prefill,
+    cost_without_cache,
+    prefill_costs,
 )
+from services.scheduler.timing import decode_step_seconds
 from shared.rpc.types import PrefixHolder
 
 __all__ = [
@@ -39,24 +42,6 @@ __all__ = [
     "prefill_costs",
     "record_placement",
 ]
-
-#: Only blocks in a live prefill node's DRAM pool can be pulled from it for now.
-PULLABLE_TIER = "dram"
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementRequest:
-    num_prompt_tokens: int
-    max_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pull:
-    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` come from ``node_id``."""
-
-    node_id: str
-    first_block: int
-    num_blocks: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,25 +67,6 @@ class Rejection:
     cause: str = "no_node"
 
 
-@dataclass(frozen=True, slots=True)
-class PrefillCost:
-    """The predicted TTFT of a request on one prefill node, by part. Invariant: the cached
-    prefix is ``cached_blocks`` long and ``pulls`` cover exactly the part not held locally."""
-
-    node_id: str
-    wait_s: float
-    fetch_s: float
-    compute_s: float
-    cached_blocks: int
-    cached_tokens: int
-    pulls: tuple[Pull, ...]
-    queued_tokens: int
-
-    @property
-    def ttft_s(self) -> float:
-        return self.wait_s + self.fetch_s + self.compute_s
-
-
 def place(
     request: PlacementRequest,
     view: ClusterView,
@@ -111,11 +77,12 @@ def place(
     """The cheapest prefill node and the best decode node for ``request``; a 503 when a role
     has no live node, a 429 when even the cheapest TTFT exceeds ``slo_s``. ``holders`` is
     cachemeta's answer for the prompt's blocks (empty: place without regard to caches)."""
-    costs = prefill_costs(request, view, holders, now)
-    if not costs:
+    best = cheapest_prefill(request, view, holders, now)
+    if best is None:
         return Rejection("no prefill node is available", cause="no_prefill_node")
-    best = min(costs, key=lambda c: (c.ttft_s, c.queued_tokens, c.node_id))
-    return _finish(request, view, now, best, costs, slo_s)
+    return _finish(
+        request, view, now, best, lambda: prefill_costs(request, view, holders, now), slo_s
+    )
 
 
 def place_round_robin(
@@ -126,8 +93,8 @@ def place_round_robin(
     prefills = sorted(view.live("prefill", now), key=lambda n: n.node_id)
     if not prefills:
         return Rejection("no prefill node is available", cause="no_prefill_node")
-    cost = _cost_on(prefills[turn % len(prefills)], request, {}, view)
-    return _finish(request, view, now, cost, [cost], slo_s)
+    cost = cost_without_cache(request, view, prefills[turn % len(prefills)])
+    return _finish(request, view, now, cost, lambda: [cost], slo_s)
 
 
 def _finish(
@@ -135,10 +102,11 @@ def _finish(
     view: ClusterView,
     now: float,
     chosen: PrefillCost,
-    costs: Sequence[PrefillCost],
+    all_costs: Callable[[], Sequence[PrefillCost]],
     slo_s: float | None,
 ) -> Placement | Rejection:
-    """Checks the SLO for the chosen prefill node, then adds the decode node."""
+    """Checks the SLO for the chosen prefill node, then adds the decode node. ``all_costs``
+    prices every candidate, which only a rejection's Retry-After needs."""
     decodes = view.live("decode", now)
     if not decodes:
         return Rejection("no decode node is available", cause="no_decode_node")
@@ -147,7 +115,7 @@ def _finish(
             f"The predicted time to first token ({chosen.ttft_s:.2f} s) exceeds the service "
             f"objective of {slo_s:.2f} s; the servers are overloaded, retry later."
         )
-        return Rejection(reason, 429, _retry_after(costs, slo_s), cause="ttft_slo")
+        return Rejection(reason, 429, _retry_after(all_costs(), slo_s), cause="ttft_slo")
     decode, tbt = _choose_decode(decodes, request, view)
     return Placement(
         prefill_node=chosen.node_id,
@@ -157,122 +125,6 @@ def _finish(
         num_cached_tokens=chosen.cached_tokens,
         predicted_tbt_s=tbt,
     )
-
-
-def prefill_costs(
-    request: PlacementRequest, view: ClusterView, holders: Sequence[PrefixHolder], now: float
-) -> list[PrefillCost]:
-    """The cost of ``request`` on every live prefill node."""
-    prefills = view.live("prefill", now)
-    cached = _pullable(holders, {n.node_id for n in prefills})
-    groups = _holder_groups(cached, request, prefills)
-    memo: dict[tuple[StepCoefficients, int, int, int], float] = {}
-    return [_cost_on(node, request, cached, view, groups, memo) for node in prefills]
-
-
-@dataclass(frozen=True, slots=True)
-class _HolderGroup:
-    """The live prefill nodes holding exactly ``num_blocks`` usable leading blocks."""
-
-    num_blocks: int
-    node_ids: list[str]  # sorted
-    members: frozenset[str]
-
-
-def _holder_groups(
-    cached: dict[str, int], request: PlacementRequest, prefills: Sequence[NodeLoad]
-) -> list[_HolderGroup]:
-    """Holders grouped by how many usable blocks they hold (computed once per placement, so
-    pricing every node stays linear in the number of nodes)."""
-    if not cached or not prefills:
-        return []
-    limit = max(request.num_prompt_tokens - 1, 0) // prefills[0].block_size
-    by_count: dict[int, list[str]] = {}
-    for node_id, count in cached.items():
-        by_count.setdefault(min(count, limit), []).append(node_id)
-    return [
-        _HolderGroup(count, sorted(ids), frozenset(ids)) for count, ids in sorted(by_count.items())
-    ]
-
-
-def _pullable(holders: Iterable[PrefixHolder], live: set[str]) -> dict[str, int]:
-    """Leading blocks each live prefill node holds in its pool."""
-    cached: dict[str, int] = {}
-    for h in holders:
-        if h.tier == PULLABLE_TIER and h.node_id in live and h.num_blocks > 0:
-            cached[h.node_id] = max(cached.get(h.node_id, 0), h.num_blocks)
-    return cached
-
-
-def _cost_on(
-    node: NodeLoad,
-    request: PlacementRequest,
-    cached: dict[str, int],
-    view: ClusterView,
-    groups: Sequence[_HolderGroup] = (),
-    memo: dict[tuple[StepCoefficients, int, int, int], float] | None = None,
-) -> PrefillCost:
-    """Computes what ``node`` lacks, or pulls it from the holder that makes this cheapest.
-    ``memo`` shares prefill times between nodes of one placement that have the same model."""
-    bs, prompt = node.block_size, request.num_prompt_tokens
-    limit = max(prompt - 1, 0) // bs  # the last token is always computed
-    coef = view.timing.coefficients(node.node_id, "prefill")
-    step = node.max_num_batched_tokens or view.costs.max_num_batched_tokens
-    times = {} if memo is None else memo
-
-    def compute_s(blocks: int) -> float:
-        key = (coef, step, bs, blocks)
-        if key not in times:
-            times[key] = prefill_seconds(coef, prompt - blocks * bs, blocks * bs, step)
-        return times[key]
-
-    local = min(cached.get(node.node_id, 0), limit)
-    best: tuple[float, float, int, tuple[Pull, ...]] = (compute_s(local), 0.0, local, ())
-    for remote, source, bandwidth in _sources(node, groups, limit, local, view):
-        missing_bytes = (remote - local) * view.block_bytes(node)
-        fetch = view.costs.pull_overhead_s + missing_bytes / bandwidth
-        compute = compute_s(remote)
-        if fetch + compute < best[0] + best[1]:
-            best = (compute, fetch, remote, (Pull(source, local, remote - local),))
-    compute, fetch, blocks, pulls = best
-    queued = node.queued_tokens + node.placed_tokens
-    return PrefillCost(
-        node_id=node.node_id,
-        wait_s=queue_seconds(coef, queued, step),
-        fetch_s=fetch,
-        compute_s=compute,
-        cached_blocks=blocks,
-        cached_tokens=blocks * bs,
-        pulls=pulls,
-        queued_tokens=queued,
-    )
-
-
-def _sources(
-    node: NodeLoad, groups: Sequence[_HolderGroup], limit: int, local: int, view: ClusterView
-) -> list[tuple[int, str, float]]:
-    """``(blocks, source, bandwidth)`` of the peers worth pulling from: for each number of
-    leading blocks beyond ``local``, only the holder with the fastest link to ``node`` (ties:
-    the lowest id), since every other holder of as many blocks costs at least as much."""
-    out: list[tuple[int, str, float]] = []
-    if not groups or groups[-1].num_blocks <= local:
-        return out
-    fallback = view.fallback_bandwidth(node)
-    me = node.node_id
-    measured = {s: bw for s, bw in node.fetch_bandwidth.items() if bw > 0 and s != me}
-    for group in groups:
-        remote = min(group.num_blocks, limit)
-        if remote <= local:
-            continue
-        # Unmeasured links all get the fallback: the lowest such id stands for them.
-        unmeasured = next((s for s in group.node_ids if s != me and s not in measured), None)
-        best = None if unmeasured is None else (-fallback, unmeasured)
-        for source, bandwidth in measured.items():
-            if source in group.members and (best is None or (-bandwidth, source) < best):
-                best = (-bandwidth, source)
-        if best is not None:
-            out.append((remote, best[1], -best[0]))
-    return out
 
 
 def _retry_after(costs: Sequence[PrefillCost], slo_s: float) -> float:

@@ -27,7 +27,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x63\x61\x63hemeta.proto\x12\x15\x63rescent.cachemeta.v1\"h\n\x05\x42lock\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x11\n\tnum_bytes\x18\x04 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x04\"u\n\x15RegisterBlocksRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12,\n\x06\x62locks\x18\x03 \x03(\x0b\x32\x1c.crescent.cachemeta.v1.Block\x12\x0f\n\x07replace\x18\x04 \x01(\x08\"-\n\x13RegisterBlocksReply\x12\x16\n\x0enum_registered\x18\x01 \x01(\r\"H\n\x11\x44ropBlocksRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\"&\n\x0f\x44ropBlocksReply\x12\x13\n\x0bnum_dropped\x18\x01 \x01(\r\"*\n\x12MatchPrefixRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"A\n\x0cPrefixHolder\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\"H\n\x10MatchPrefixReply\x12\x34\n\x07holders\x18\x01 \x03(\x0b\x32#.crescent.cachemeta.v1.PrefixHolder\"*\n\x12TouchBlocksRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"\'\n\x10TouchBlocksReply\x12\x13\n\x0bnum_touched\x18\x01 \x01(\r\"H\n\x0cTierCapacity\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"t\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\t\x12\x32\n\x05tiers\x18\x04 \x03(\x0b\x32#.crescent.cachemeta.v1.TierCapacity\" \n\x0eHeartbeatReply\x12\x0e\n\x06resync\x18\x01 \x01(\x08\"\x9a\x01\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\t\x12\x16\n\x0elast_seen_unix\x18\x04 \x01(\x01\x12\x32\n\x05tiers\x18\x05 \x03(\x0b\x32#.crescent.cachemeta.v1.TierCapacity\x12\x14\n\x0cnum_replicas\x18\x06 \x01(\x04\"\x12\n\x10ListNodesRequest\"@\n\x0eListNodesReply\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.crescent.cachemeta.v1.NodeInfo\"\x0e\n\x0cStatsRequest\"`\n\nStatsReply\x12\x12\n\nnum_blocks\x18\x01 \x01(\x04\x12\x14\n\x0cnum_replicas\x18\x02 \x01(\x04\x12\x11\n\tnum_nodes\x18\x03 \x01(\x04\x12\x15\n\rreplica_bytes\x18\x04 \x01(\x04\x32\xa8\x05\n\tCacheMeta\x12j\n\x0eRegisterBlocks\x12,.crescent.cachemeta.v1.RegisterBlocksRequest\x1a*.crescent.cachemeta.v1.RegisterBlocksReply\x12^\n\nDropBlocks\x12(.crescent.cachemeta.v1.DropBlocksRequest\x1a&.crescent.cachemeta.v1.DropBlocksReply\x12\x61\n\x0bMatchPrefix\x12).crescent.cachemeta.v1.MatchPrefixRequest\x1a\'.crescent.cachemeta.v1.MatchPrefixReply\x12\x61\n\x0bTouchBlocks\x12).crescent.cachemeta.v1.TouchBlocksRequest\x1a\'.crescent.cachemeta.v1.TouchBlocksReply\x12[\n\tHeartbeat\x12\'.crescent.cachemeta.v1.HeartbeatRequest\x1a%.crescent.cachemeta.v1.HeartbeatReply\x12[\n\tListNodes\x12\'.crescent.cachemeta.v1.ListNodesRequest\x1a%.crescent.cachemeta.v1.ListNodesReply\x12O\n\x05Stats\x12#.crescent.cachemeta.v1.StatsRequest\x1a!.crescent.cachemeta.v1.StatsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0f\x63\x61\x63hemeta.proto\x12\x15\x63rescent.cachemeta.v1\"h\n\x05\x42lock\x12\x12\n\nblock_hash\x18\x01 \x01(\x0c\x12\x13\n\x0bparent_hash\x18\x02 \x01(\x0c\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12\x11\n\tnum_bytes\x18\x04 \x01(\x04\x12\x10\n\x08\x63hecksum\x18\x05 \x01(\x04\"u\n\x15RegisterBlocksRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12,\n\x06\x62locks\x18\x03 \x03(\x0b\x32\x1c.crescent.cachemeta.v1.Block\x12\x0f\n\x07replace\x18\x04 \x01(\x08\"-\n\x13RegisterBlocksReply\x12\x16\n\x0enum_registered\x18\x01 \x01(\r\"H\n\x11\x44ropBlocksRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x14\n\x0c\x62lock_hashes\x18\x03 \x03(\x0c\"&\n\x0f\x44ropBlocksReply\x12\x13\n\x0bnum_dropped\x18\x01 \x01(\r\"9\n\x12MatchPrefixRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\x12\r\n\x05tiers\x18\x02 \x03(\t\"A\n\x0cPrefixHolder\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x12\n\nnum_blocks\x18\x03 \x01(\r\"H\n\x10MatchPrefixReply\x12\x34\n\x07holders\x18\x01 \x03(\x0b\x32#.crescent.cachemeta.v1.PrefixHolder\"*\n\x12TouchBlocksRequest\x12\x14\n\x0c\x62lock_hashes\x18\x01 \x03(\x0c\"\'\n\x10TouchBlocksReply\x12\x13\n\x0bnum_touched\x18\x01 \x01(\r\"H\n\x0cTierCapacity\x12\x0c\n\x04tier\x18\x01 \x01(\t\x12\x16\n\x0e\x63\x61pacity_bytes\x18\x02 \x01(\x04\x12\x12\n\nused_bytes\x18\x03 \x01(\x04\"t\n\x10HeartbeatRequest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\t\x12\x32\n\x05tiers\x18\x04 \x03(\x0b\x32#.crescent.cachemeta.v1.TierCapacity\" \n\x0eHeartbeatReply\x12\x0e\n\x06resync\x18\x01 \x01(\x08\"\x9a\x01\n\x08NodeInfo\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\t\x12\x16\n\x0elast_seen_unix\x18\x04 \x01(\x01\x12\x32\n\x05tiers\x18\x05 \x03(\x0b\x32#.crescent.cachemeta.v1.TierCapacity\x12\x14\n\x0cnum_replicas\x18\x06 \x01(\x04\"\x12\n\x10ListNodesRequest\"@\n\x0eListNodesReply\x12.\n\x05nodes\x18\x01 \x03(\x0b\x32\x1f.crescent.cachemeta.v1.NodeInfo\"\x0e\n\x0cStatsRequest\"`\n\nStatsReply\x12\x12\n\nnum_blocks\x18\x01 \x01(\x04\x12\x14\n\x0cnum_replicas\x18\x02 \x01(\x04\x12\x11\n\tnum_nodes\x18\x03 \x01(\x04\x12\x15\n\rreplica_bytes\x18\x04 \x01(\x04\x32\xa8\x05\n\tCacheMeta\x12j\n\x0eRegisterBlocks\x12,.crescent.cachemeta.v1.RegisterBlocksRequest\x1a*.crescent.cachemeta.v1.RegisterBlocksReply\x12^\n\nDropBlocks\x12(.crescent.cachemeta.v1.DropBlocksRequest\x1a&.crescent.cachemeta.v1.DropBlocksReply\x12\x61\n\x0bMatchPrefix\x12).crescent.cachemeta.v1.MatchPrefixRequest\x1a\'.crescent.cachemeta.v1.MatchPrefixReply\x12\x61\n\x0bTouchBlocks\x12).crescent.cachemeta.v1.TouchBlocksRequest\x1a\'.crescent.cachemeta.v1.TouchBlocksReply\x12[\n\tHeartbeat\x12\'.crescent.cachemeta.v1.HeartbeatRequest\x1a%.crescent.cachemeta.v1.HeartbeatReply\x12[\n\tListNodes\x12\'.crescent.cachemeta.v1.ListNodesRequest\x1a%.crescent.cachemeta.v1.ListNodesReply\x12O\n\x05Stats\x12#.crescent.cachemeta.v1.StatsRequest\x1a!.crescent.cachemeta.v1.StatsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,31 +45,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DROPBLOCKSREPLY']._serialized_start=388
   _globals['_DROPBLOCKSREPLY']._serialized_end=426
   _globals['_MATCHPREFIXREQUEST']._serialized_start=428
-  _globals['_MATCHPREFIXREQUEST']._serialized_end=470
-  _globals['_PREFIXHOLDER']._serialized_start=472
-  _globals['_PREFIXHOLDER']._serialized_end=537
-  _globals['_MATCHPREFIXREPLY']._serialized_start=539
-  _globals['_MATCHPREFIXREPLY']._serialized_end=611
-  _globals['_TOUCHBLOCKSREQUEST']._serialized_start=613
-  _globals['_TOUCHBLOCKSREQUEST']._serialized_end=655
-  _globals['_TOUCHBLOCKSREPLY']._serialized_start=657
-  _globals['_TOUCHBLOCKSREPLY']._serialized_end=696
-  _globals['_TIERCAPACITY']._serialized_start=698
-  _globals['_TIERCAPACITY']._serialized_end=770
-  _globals['_HEARTBEATREQUEST']._serialized_start=772
-  _globals['_HEARTBEATREQUEST']._serialized_end=888
-  _globals['_HEARTBEATREPLY']._serialized_start=890
-  _globals['_HEARTBEATREPLY']._serialized_end=922
-  _globals['_NODEINFO']._serialized_start=925
-  _globals['_NODEINFO']._serialized_end=1079
-  _globals['_LISTNODESREQUEST']._serialized_start=1081
-  _globals['_LISTNODESREQUEST']._serialized_end=1099
-  _globals['_LISTNODESREPLY']._serialized_start=1101
-  _globals['_LISTNODESREPLY']._serialized_end=1165
-  _globals['_STATSREQUEST']._serialized_start=1167
-  _globals['_STATSREQUEST']._serialized_end=1181
-  _globals['_STATSREPLY']._serialized_start=1183
-  _globals['_STATSREPLY']._serialized_end=1279
-  _globals['_CACHEMETA']._serialized_start=1282
-  _globals['_CACHEMETA']._serialized_end=1962
+  _globals['_MATCHPREFIXREQUEST']._serialized_end=485
+  _globals['_PREFIXHOLDER']._serialized_start=487
+  _globals['_PREFIXHOLDER']._serialized_end=552
+  _globals['_MATCHPREFIXREPLY']._serialized_start=554
+  _globals['_MATCHPREFIXREPLY']._serialized_end=626
+  _globals['_TOUCHBLOCKSREQUEST']._serialized_start=628
+  _globals['_TOUCHBLOCKSREQUEST']._serialized_end=670
+  _globals['_TOUCHBLOCKSREPLY']._serialized_start=672
+  _globals['_TOUCHBLOCKSREPLY']._serialized_end=711
+  _globals['_TIERCAPACITY']._serialized_start=713
+  _globals['_TIERCAPACITY']._serialized_end=785
+  _globals['_HEARTBEATREQUEST']._serialized_start=787
+  _globals['_HEARTBEATREQUEST']._serialized_end=903
+  _globals['_HEARTBEATREPLY']._serialized_start=905
+  _globals['_HEARTBEATREPLY']._serialized_end=937
+  _globals['_NODEINFO']._serialized_start=940
+  _globals['_NODEINFO']._serialized_end=1094
+  _globals['_LISTNODESREQUEST']._serialized_start=1096
+  _globals['_LISTNODESREQUEST']._serialized_end=1114
+  _globals['_LISTNODESREPLY']._serialized_start=1116
+  _globals['_LISTNODESREPLY']._serialized_end=1180
+  _globals['_STATSREQUEST']._serialized_start=1182
+  _globals['_STATSREQUEST']._serialized_end=1196
+  _globals['_STATSREPLY']._serialized_start=1198
+  _globals['_STATSREPLY']._serialized_end=1294
+  _globals['_CACHEMETA']._serialized_start=1297
+  _globals['_CACHEMETA']._serialized_end=1977
 # @@protoc_insertion_point(module_scope)

@@ -57,10 +57,12 @@ class DropBlocksReply(_message.Message):
     def __init__(self, num_dropped: _Optional[int] = ...) -> None: ...
 
 class MatchPrefixRequest(_message.Message):
-    __slots__ = ("block_hashes",)
+    __slots__ = ("block_hashes", "tiers")
     BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ..., tiers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrefixHolder(_message.Message):
     __slots__ = ("node_id", "tier", "num_blocks")

@@ -99,11 +99,16 @@ class CacheMetaClient:
         return int(reply.num_dropped)
 
     async def match_prefix(
-        self, block_hashes: Sequence[bytes], *, timeout_s: float | None = None
+        self,
+        block_hashes: Sequence[bytes],
+        *,
+        tiers: Sequence[str] = (),
+        timeout_s: float | None = None,
     ) -> list[PrefixHolder]:
         """Per holder (node, tier) the number of leading blocks of the chain it holds, longest
-        first; holders of no leading block are left out."""
-        request = pb.MatchPrefixRequest(block_hashes=block_hashes)
+        first; holders of no leading block are left out, and so are holders outside ``tiers``
+        unless it is empty."""
+        request = pb.MatchPrefixRequest(block_hashes=block_hashes, tiers=tiers)
         reply = await self._call("MatchPrefix", lambda s, t: s.MatchPrefix(request, **t), timeout_s)
         return [PrefixHolder(h.node_id, h.tier, h.num_blocks) for h in reply.holders]
 

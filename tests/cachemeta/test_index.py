@@ -16,9 +16,13 @@ CHAIN = [h(i) for i in range(10)]
 SIZES = {h(i): 1000 + i for i in range(100)}
 
 
-def brute_force(held: dict[tuple[str, str], set[bytes]], chain: list[bytes]) -> list[PrefixHolder]:
+def brute_force(
+    held: dict[tuple[str, str], set[bytes]], chain: list[bytes], tiers: tuple[str, ...] = ()
+) -> list[PrefixHolder]:
     found = []
     for (node, tier), blocks in held.items():
+        if tiers and tier not in tiers:
+            continue
         n = 0
         while n < len(chain) and chain[n] in blocks:
             n += 1
@@ -114,6 +118,8 @@ def test_matches_brute_force_on_random_holdings() -> None:
                 held[key] = set()
         for probe in (chain, chain[rng.randrange(40) :]):
             assert index.match(probe) == brute_force(held, probe)
+            for tiers in (("dram",), ("disk", "s3"), ("dram", "disk")):
+                assert index.match(probe, tiers) == brute_force(held, probe, tiers)
     assert index.num_replicas == sum(len(b) for b in held.values())
     assert index.replica_bytes == sum(SIZES[x] for b in held.values() for x in b)
     assert len(index) == len(set().union(*held.values()))

@@ -31,6 +31,10 @@ def test_register_match_drop_touch_list_stats(served: Served) -> None:
             PrefixHolder("n2", "disk", 4),
         ]
         assert await client.match_prefix(hashes(other)) == [PrefixHolder("n2", "disk", 2)]
+        assert await client.match_prefix(hashes(blocks), tiers=["dram"]) == [
+            PrefixHolder("n1", "dram", 10)
+        ]
+        assert await client.match_prefix(hashes(other), tiers=["dram", "s3"]) == []
         assert await client.match_prefix([]) == []
         assert await client.stats() == CatalogueStats(12, 16, 2, 16 * 4096)
 
@@ -104,6 +108,7 @@ def test_invalid_input_is_refused_and_the_service_goes_on(served: Served) -> Non
         (lambda: client.register_blocks("n1", "dram", [huge]), "num_bytes"),
         (lambda: client.drop_blocks("n1", "dram", [b"abc"]), "block_hashes[0] is 3 bytes"),
         (lambda: client.match_prefix([good[0].block_hash, b""]), "block_hashes[1] is 0 bytes"),
+        (lambda: client.match_prefix(hashes(good), tiers=["dram", "ram"]), "tier 'ram'"),
         (lambda: client.touch_blocks([b"x" * 17]), "17 bytes"),
         (lambda: client.heartbeat("n1", "prefill", ""), "epoch must not be empty"),
         (lambda: client.heartbeat(" n1", "prefill", "e"), "whitespace"),

@@ -30,7 +30,11 @@ class FakeCacheMeta:
         self.closed = False
 
     async def match_prefix(
-        self, block_hashes: Sequence[bytes], *, timeout_s: float | None = None
+        self,
+        block_hashes: Sequence[bytes],
+        *,
+        tiers: Sequence[str] = (),
+        timeout_s: float | None = None,
     ) -> list[PrefixHolder]:
         self.matches.append(list(block_hashes))
         self.timeouts.append(timeout_s)
@@ -38,7 +42,7 @@ class FakeCacheMeta:
             await asyncio.sleep(self.delay_s)
         if self.error is not None:
             raise self.error
-        return list(self.holders)
+        return [h for h in self.holders if not tiers or h.tier in tiers]
 
     async def touch_blocks(self, block_hashes: Sequence[bytes]) -> int:
         self.touches.append(list(block_hashes))

@@ -32,15 +32,15 @@ from shared.transfer.base import BufferLike, create_client, create_server
 
 BLOCK_BYTES = 1_474_560
 LEASE = "bench"
-# (column, transport, environment of both processes). "UCX thread" is what the services run by
-# default: progress in ucxx's thread, which sleeps when idle. "UCX polling" progresses on the
-# event loop without pause (a core per process, always); both use UCX's default shared-memory
-# protocol, where the client copies out of the server's memory with CMA. "no CMA" sends blocks
-# through shared-memory FIFOs instead.
+# (column, transport, environment of both processes). "UCX adaptive" is what the services run
+# by default: a waiting pull polls UCX, an idle process sleeps in epoll. "UCX polling" polls
+# for as long as anything waits, a server's wait for requests included (a core per process,
+# always); "UCX thread" leaves progress to ucxx's progress thread. All use UCX's default
+# shared-memory protocol, where the client copies out of the server's memory with CMA.
 VARIANTS: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("UCX thread", "ucx", {"UCXPY_PROGRESS_MODE": "thread"}),
-    ("UCX polling", "ucx", {"UCXPY_PROGRESS_MODE": "polling"}),
-    ("UCX polling no CMA", "ucx", {"UCXPY_PROGRESS_MODE": "polling", "UCX_TLS": "^cma"}),
+    ("UCX adaptive", "ucx", {"CRESCENT_UCX_PROGRESS": "adaptive"}),
+    ("UCX polling", "ucx", {"CRESCENT_UCX_PROGRESS": "polling"}),
+    ("UCX thread", "ucx", {"CRESCENT_UCX_PROGRESS": "thread"}),
     ("TCP", "tcp", {}),
 )
 

@@ -23,17 +23,16 @@ optional dependency.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import secrets
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shared.transfer.base import BufferLike, TransferError
 from shared.transfer.ucx_endpoints import Endpoints, Inboxes
+from shared.transfer.ucx_progress import Progress, mode_from_env
 from shared.transfer.wire import MAX_BLOCKS_PER_PULL
 
 ADDRESS_PREFIX = b"ucx:"
@@ -43,9 +42,6 @@ _BLOCK_KIND = 0xC2
 _ID_BITS = 40
 _INDEX_BITS = 16
 assert MAX_BLOCKS_PER_PULL <= 1 << _INDEX_BITS
-_SPIN_S = 0.002
-_FIRST_BACKOFF_S = 50e-6
-_MAX_BACKOFF_S = 0.002
 _UNAVAILABLE = "the UCX transfer transport cannot work here (set CRESCENT_TRANSFER=tcp): "
 
 # Process-wide, not per client: every client in a process shares the one UCX worker, so ids
@@ -85,100 +81,78 @@ class Posted:
 
     request: Any
     buffer: Any
+    progress: Progress
 
-    async def wait(self) -> None:
-        # ucxx's own wait re-checks on every loop turn, so a receive that waits for the next
-        # request keeps a core busy forever. Spin only briefly (blocks arrive back to back),
-        # then back off: the loop sleeps in epoll, woken by UCX's event fd when data comes.
-        request = self.request
-        spin_until = time.monotonic() + _SPIN_S
-        delay = 0.0
-        while not request.completed:
-            await asyncio.sleep(delay)
-            if time.monotonic() > spin_until:
-                delay = min(max(2 * delay, _FIRST_BACKOFF_S), _MAX_BACKOFF_S)
-        request.check_error()
+    async def wait(self, *, idle: bool = False) -> None:
+        await self.progress.wait(self.request, idle=idle)
 
 
 class Ucx:
-    """The process's ucxx: the module, the request-level calls this transport makes, and the
-    endpoints every server and client of the process share.
+    """The process's UCX: one context, one worker, its progress, and the endpoints every
+    server and client of the process share.
 
-    Owns the endpoint caches; the UCX context and worker are ucxx's, one per process.
-    Invariant: ``address`` and ``inboxes`` are set once ``attach`` has succeeded.
+    Owns the worker (made here from ucxx's bindings, so that this transport, not ucxx's
+    asyncio layer, decides how it progresses) and the endpoint caches.
+    Invariant: ``address`` is the worker's address, fixed for the life of the process.
     """
 
-    def __init__(self, module: Any, api: Any, array: Any) -> None:
-        self.module = module
+    def __init__(self, api: Any, array: Any, mode: str) -> None:
         self._api = api
         self._array = array
-        self.address = b""
-        self.endpoints = Endpoints(module)
-        self._inboxes: Inboxes | None = None
-
-    @property
-    def inboxes(self) -> Inboxes:
-        assert self._inboxes is not None, "attach() first"
-        return self._inboxes
+        context = api.UCXContext({})
+        self.worker = api.UCXWorker(context)
+        self._context = context  # the worker needs its context alive
+        self.progress = Progress(self.worker, mode)
+        self.address = bytes(self.worker.address.tobytes())
+        self.endpoints = Endpoints(self._connect)
+        self.inboxes = Inboxes(self._connect, self.address)
 
     def attach(self) -> bytes:
         """Progress UCX on the running loop; returns this process's worker address."""
-        try:
-            # The context must come to life inside a running loop, or ucxx binds its progress
-            # task to a loop that never runs; each new loop needs its own progress task too.
-            self.module.continuous_ucx_progress()
-            if not self.address:
-                self.address = bytes(self.module.get_worker_address().tobytes())
-                self._inboxes = Inboxes(self.module, self.address)
-        except Exception as exc:
-            raise TransferError(f"{_UNAVAILABLE}cannot start a UCX worker ({exc!r})") from exc
+        self.progress.attach()
         return self.address
 
-    # The async Endpoint.send/recv of ucxx wrap each request in a coroutine that polls it on
-    # every loop turn; with one per block the loop spends more time polling than UCX spends
-    # copying (measured: 10-15% of throughput at 12 blocks). Posting at the binding level and
-    # awaiting the requests in order keeps a single waiter alive while UCX moves them all.
+    def _connect(self, address: bytes) -> Any:
+        # Error handling off: with it on, UCX leaves shared memory for TCP (module docstring).
+        remote = self._api.UCXAddress.create_from_buffer(address)
+        return self._api.UCXEndpoint.create_from_worker_address(self.worker, remote, False)
+
+    # Posting at the binding level and awaiting the requests in order keeps a single waiter
+    # alive while UCX moves them all; ucxx's per-request coroutines would each poll on every
+    # loop turn (measured: 10-15% of throughput at 12 blocks).
     def post_send(self, ep: Any, data: BufferLike, tag: int) -> Posted:
         array = self._array(data)
-        return Posted(self._raw(ep).tag_send(array, self._api.UCXXTag(tag)), array)
+        return Posted(ep.tag_send(array, self._api.UCXXTag(tag)), array, self.progress)
 
     def post_recv(self, ep: Any, buf: BufferLike, tag: int) -> Posted:
         array = self._array(buf)
         tag_obj = self._api.UCXXTag(tag)
-        return Posted(self._raw(ep).tag_recv(array, tag_obj, self._api.UCXXTagMaskFull), array)
+        request = ep.tag_recv(array, tag_obj, self._api.UCXXTagMaskFull)
+        return Posted(request, array, self.progress)
 
     @staticmethod
     async def wait_all(posted: Sequence[Posted]) -> None:
         for one in posted:
             await one.wait()
 
-    @staticmethod
-    def _raw(ep: Any) -> Any:
-        raw = ep._ep
-        if raw is None:
-            raise ConnectionError("UCX endpoint already closed")
-        return raw
-
 
 def load_ucx() -> Ucx:
-    """The process's ucxx binding, imported on first use; ``TransferError`` where it cannot."""
+    """The process's UCX, set up on first use; ``TransferError`` where it cannot work."""
     global _binding
     if _binding is None:
-        # ucxx reads these once, when its context is created. Progress runs in ucxx's thread,
-        # which sleeps while idle. Polling progress pulls ~2.5x faster (bench/transfer.py) but
-        # keeps a core busy for as long as the process lives, idle or not: on a small host
-        # running several nodes that starves the engines. Set UCXPY_PROGRESS_MODE=polling
-        # where cores are spare. Shared memory keeps UCX's default protocol, where the client
-        # copies each block straight out of the server's memory (CMA): without CMA, blocks go
-        # through FIFOs that need both processes on a core at once, and pulls fall to a tenth
-        # of TCP's speed once the host is busy.
-        os.environ.setdefault("UCXPY_PROGRESS_MODE", "thread")
+        mode = mode_from_env()
+        # UCX reads its settings when the context is made. Shared memory keeps UCX's default
+        # protocol, where the client copies each block straight out of the server's memory
+        # (CMA): without CMA, blocks go through FIFOs that need both processes on a core at
+        # once, and pulls fall to a tenth of TCP's speed once the host is busy.
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         try:
-            import ucxx
             import ucxx._lib.libucxx as api
             from ucxx._lib.arr import Array
         except Exception as exc:
             raise TransferError(f"{_UNAVAILABLE}cannot import ucxx ({exc!r})") from exc
-        _binding = Ucx(ucxx, api, Array)
+        try:
+            _binding = Ucx(api, Array, mode)
+        except Exception as exc:
+            raise TransferError(f"{_UNAVAILABLE}cannot start a UCX worker ({exc!r})") from exc
     return _binding

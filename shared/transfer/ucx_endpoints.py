@@ -14,29 +14,28 @@ Two facts about UCX with error handling off shape this module:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+Connect = Callable[[bytes], Any]
+"""Makes an endpoint, with error handling off, to the worker at the given address."""
 
 
 class Endpoints:
-    """Endpoints to other workers, one per worker address, made with error handling off.
+    """Endpoints to other workers, one per worker address.
 
     Owns every endpoint it made. Invariant: an endpoint, once made, stays for the life of the
     process (see the module docstring for why closing one is worse than keeping it).
     """
 
-    def __init__(self, ucxx: Any) -> None:
-        self._ucxx = ucxx
+    def __init__(self, connect: Connect) -> None:
+        self._connect = connect
         self._eps: dict[bytes, Any] = {}
 
-    async def get(self, address: bytes) -> Any:
+    def get(self, address: bytes) -> Any:
         ep = self._eps.get(address)
         if ep is None:
-            ep = await self._ucxx.create_endpoint_from_worker_address(
-                self._ucxx.get_ucx_address_from_buffer(address),
-                endpoint_error_handling=False,
-            )
-            # Creation does not yield today; should it ever, keep the first endpoint made.
-            ep = self._eps.setdefault(address, ep)
+            ep = self._eps[address] = self._connect(address)
         return ep
 
 
@@ -47,21 +46,18 @@ class Inboxes:
     closes its inbox instead of returning it, which cancels whatever it still had posted.
     """
 
-    def __init__(self, ucxx: Any, own_address: bytes) -> None:
-        self._ucxx = ucxx
+    def __init__(self, connect: Connect, own_address: bytes) -> None:
+        self._connect = connect
         self._own_address = own_address
         self._idle: list[Any] = []
 
-    async def take(self) -> Any:
+    def take(self) -> Any:
         if self._idle:
             return self._idle.pop()
-        return await self._ucxx.create_endpoint_from_worker_address(
-            self._ucxx.get_ucx_address_from_buffer(self._own_address),
-            endpoint_error_handling=False,
-        )
+        return self._connect(self._own_address)
 
     def give_back(self, inbox: Any) -> None:
         self._idle.append(inbox)
 
     def cancel(self, inbox: Any) -> None:
-        inbox.abort()
+        inbox.close_blocking(period=10**10, max_attempts=1)

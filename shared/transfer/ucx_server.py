@@ -22,7 +22,7 @@ from shared.transfer.ucx import (
     load_ucx,
     reply_tag,
 )
-from shared.transfer.wire import MAX_REQUEST_BYTES, PullRequest, answer, decode_request
+from shared.transfer.wire import MAX_REQUEST_BYTES, Answer, PullRequest, answer, decode_request
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class UcxTransferServer:
         assert self._receiver is not None
         try:
             async with asyncio.timeout(2.0):
-                ep = await self._ucx.endpoints.get(self._ucx.address)
+                ep = self._ucx.endpoints.get(self._ucx.address)
                 await self._ucx.post_send(ep, memoryview(b"\0"), REQUEST_TAG).wait()
                 await self._receiver
         except Exception as exc:
@@ -100,10 +100,10 @@ class UcxTransferServer:
         buf = np.empty(MAX_REQUEST_BYTES, dtype=np.uint8)
         # Tag receives match messages from every sender; posting through the endpoint to
         # ourselves just gives the receive the backing-off wait of ``Posted``.
-        own = await self._ucx.endpoints.get(self._ucx.address)
+        own = self._ucx.endpoints.get(self._ucx.address)
         while not self._closing:
             try:
-                await self._ucx.post_recv(own, buf, REQUEST_TAG).wait()
+                await self._ucx.post_recv(own, buf, REQUEST_TAG).wait(idle=True)
             except Exception as exc:  # e.g. a request over the size limit: drop that one
                 log.warning("dropped a UCX transfer request: %r", exc)
                 await asyncio.sleep(0.01)  # a broken worker must not turn this into a spin
@@ -115,27 +115,40 @@ class UcxTransferServer:
             except ValueError as exc:
                 log.warning("dropped a malformed UCX transfer request: %s", exc)
                 continue
-            task = asyncio.create_task(self._serve(request))
+            # Answered right here, not in a task of its own: the client is already waiting,
+            # and a task would start only on a later turn of the loop.
+            task = asyncio.create_task(self._deliver(request, *self._answer(request)))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self, request: PullRequest) -> None:
+    def _answer(self, request: PullRequest) -> tuple[Answer, list[Posted] | Exception]:
+        """Posts the reply and the blocks; returns the answer and its sends, or why not."""
         rid = request.request_id
         result = answer(self._provider, request)
         # On an error reply the client's block receives are posted all the same; empty
         # messages complete them without touching its buffers.
         views: Sequence[BufferLike] = result.views or [_EMPTY] * len(request.block_ids)
         try:
+            ep = self._ucx.endpoints.get(request.reply_to)
+            post = self._ucx.post_send
+            sends = [post(ep, memoryview(result.reply.encode()), reply_tag(rid))]
+            sends += [post(ep, view, block_tag(rid, i)) for i, view in enumerate(views)]
+        except Exception as exc:  # an unreachable client address
+            return result, exc
+        return result, sends
+
+    async def _deliver(
+        self, request: PullRequest, result: Answer, sends: list[Posted] | Exception
+    ) -> None:
+        try:
+            if isinstance(sends, Exception):
+                raise sends
             async with asyncio.timeout(self._send_timeout_s):
-                ep = await self._ucx.endpoints.get(request.reply_to)
-                post = self._ucx.post_send
-                sends: list[Posted] = [post(ep, memoryview(result.reply.encode()), reply_tag(rid))]
-                sends += [post(ep, view, block_tag(rid, i)) for i, view in enumerate(views)]
                 await self._ucx.wait_all(sends)
         except Exception as exc:
             # The client died or gave up on this pull. Its sends stay posted: cancelling them
             # would mean closing the endpoint, which can freeze this loop (see ucx_endpoints).
-            log.info("UCX pull %d not delivered: %r", rid, exc)
+            log.info("UCX pull %d not delivered: %r", request.request_id, exc)
             return
         self.bytes_sent += result.reply.total_bytes
         self.blocks_sent += len(result.views)

@@ -1,4 +1,5 @@
-"""Which finished prefills hold blocks for a pull, and until when. Pure bookkeeping."""
+"""Which blocks a node holds for a pull (a finished prefill's KV, or cached blocks pinned for a
+peer), and until when. Pure bookkeeping."""
 
 from __future__ import annotations
 

@@ -6,13 +6,11 @@ import asyncio
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 import numpy as np
 
-from services.prefill.leases import Lease, LeaseTable
 from services.prefill.peers import FetchedPrefix, PeerFetcher
 from shared import subjects
 from shared.bus import Bus
@@ -20,7 +18,8 @@ from shared.engine.async_engine import AsyncEngine
 from shared.engine.sequence import FinishReason
 from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
-from shared.kv.hashing import HASH_BYTES, block_checksum
+from shared.kv.hashing import block_checksum
+from shared.leases import Lease, LeaseTable
 from shared.messages import (
     AbortRequest,
     KVHandoff,
@@ -31,6 +30,7 @@ from shared.messages import (
 )
 from shared.model.kv_cache import PagedKVCache
 from shared.node import error_chunk, output_chunk, request_salt
+from shared.pins import PinServer
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,6 @@ class PrefillHandlers:
     then either released at once (the request is complete) or leased to its decode node.
     Blocks pinned for a peer are held under a lease too, and unpinned exactly once.
     """
-
-    MAX_PIN_BLOCKS = 8192
 
     def __init__(
         self,
@@ -59,7 +57,7 @@ class PrefillHandlers:
     ) -> None:
         self.bus = bus
         self.fetcher = fetcher
-        self.pins_served = 0
+        self.pins = PinServer(engine, cache, leases, transfer_kind, transfer_address)
         self._pulls: set[asyncio.Task[None]] = set()
         self.cache_secret = cache_secret
         self.engine = engine
@@ -108,23 +106,11 @@ class PrefillHandlers:
 
     async def on_pin(self, request: PinRequest) -> PinReply:
         """A peer asks to pull cached blocks: hold the leading ones still here under a lease."""
-        hashes = request.block_hashes[: self.MAX_PIN_BLOCKS]
-        if any(len(h) != HASH_BYTES for h in hashes):
-            hashes = []
-        pin_id = f"pin-{uuid.uuid4().hex}"
-        exchange = self.engine.engine.exchange
-        pinned = await self.engine.call_now(lambda: exchange.pin(pin_id, hashes)) if hashes else []
-        if pinned:
-            block_ids = [b for b, _ in pinned]
-            self.leases.grant(pin_id, pin_id, block_ids, time.monotonic(), pinned=True)
-            self.pins_served += 1
-        return PinReply(
-            lease_id=pin_id if pinned else "",
-            block_ids=[b for b, _ in pinned],
-            block_checksums=[c for _, c in pinned],
-            transfer_kind=self.transfer_kind,
-            transfer_address=self.transfer_address,
-        )
+        return await self.pins.on_pin(request)
+
+    @property
+    def pins_served(self) -> int:
+        return self.pins.pins_served
 
     async def close(self) -> None:
         for task in list(self._pulls):
@@ -161,11 +147,8 @@ class PrefillHandlers:
             await self._end(lease)
 
     def provide(self, lease_id: str, block_ids: Sequence[int]) -> list[np.ndarray] | None:
-        """Transfer-server callback: buffers of leased blocks, straight from the pool."""
-        allowed = self.leases.blocks_for(lease_id, list(block_ids), time.monotonic())
-        if allowed is None:
-            return None
-        return [self.cache.block_buffer(b) for b in allowed]
+        """Transfer-server callback: buffers of leased blocks (handoffs and pins alike)."""
+        return self.pins.provide(lease_id, block_ids)
 
     async def _first_token(self, task: PrefillTask, out: RequestOutput) -> None:
         req = task.request
@@ -203,8 +186,7 @@ class PrefillHandlers:
 
     async def _end(self, lease: Lease) -> None:
         if lease.pinned:
-            exchange = self.engine.engine.exchange
-            await self.engine.call_now(lambda: exchange.unpin(lease.lease_id))
+            await self.pins.end(lease)
         else:
             await self._free(lease.request_id)
 

@@ -10,10 +10,10 @@ import numpy as np
 
 from services.prefill.config import PrefillSettings
 from services.prefill.handlers import PrefillHandlers
-from services.prefill.leases import LeaseTable
 from services.prefill.peers import PeerFetcher
 from shared import subjects
 from shared.engine.types import RequestOutput
+from shared.leases import LeaseTable
 from shared.messages import AbortRequest, LeaseRelease, NodeStatus, PinRequest, PrefillTask
 from shared.node_runtime import NodeRuntime
 from shared.runtime import run_service

@@ -15,7 +15,7 @@ from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.timing import StepCoefficients, prefill_seconds, queue_seconds
 from shared.rpc.types import PrefixHolder
 
-#: Only blocks in a live prefill node's DRAM pool can be pulled from it for now.
+#: Only blocks in a live node's DRAM pool (prefill or decode) can be pulled from it for now.
 PULLABLE_TIER = "dram"
 
 
@@ -107,9 +107,12 @@ class _Pricing:
         view: ClusterView,
         holders: Iterable[PrefixHolder],
         prefills: Sequence[NodeLoad],
+        decodes: Sequence[NodeLoad] = (),
     ) -> None:
         self.request, self.view = request, view
-        self.cached = _pullable(holders, {n.node_id for n in prefills})
+        # Decode nodes serve pins too: they hold a chat's generated history.
+        sources = {n.node_id for n in prefills} | {n.node_id for n in decodes}
+        self.cached = _pullable(holders, sources)
         self.groups = _holder_groups(self.cached, request, prefills)
         self._models: dict[tuple[StepCoefficients, int, int], _Model] = {}
 
@@ -193,7 +196,7 @@ def prefill_costs(
 ) -> list[PrefillCost]:
     """The cost of ``request`` on every live prefill node."""
     prefills = view.live("prefill", now)
-    pricing = _Pricing(request, view, holders, prefills)
+    pricing = _Pricing(request, view, holders, prefills, view.live("decode", now))
     return [pricing.cost_on(node) for node in prefills]
 
 
@@ -203,7 +206,8 @@ def cheapest_prefill(
     """``min(prefill_costs(...), key=rank)`` without pricing every node; None when no prefill
     node is live."""
     prefills = view.live("prefill", now)
-    return _Pricing(request, view, holders, prefills).cheapest(prefills)
+    decodes = view.live("decode", now)
+    return _Pricing(request, view, holders, prefills, decodes).cheapest(prefills)
 
 
 def cost_without_cache(request: PlacementRequest, view: ClusterView, node: NodeLoad) -> PrefillCost:
@@ -228,7 +232,7 @@ def _holder_groups(
 
 
 def _pullable(holders: Iterable[PrefixHolder], live: set[str]) -> dict[str, int]:
-    """Leading blocks each live prefill node holds in its pool."""
+    """Leading blocks each live node holds in its pool."""
     cached: dict[str, int] = {}
     for h in holders:
         if h.tier == PULLABLE_TIER and h.node_id in live and h.num_blocks > 0:

@@ -99,9 +99,9 @@ def document(topic: str, lines: int) -> str:
     return " ".join(f"Note {i} on {topic}: entry {i * 7 % 13} of the ledger." for i in range(lines))
 
 
-def prefill_counters(nats_url: str) -> dict[str, NodeStatus]:
+def prefill_counters(nats_url: str, role: str = "prefill") -> dict[str, NodeStatus]:
     beats = asyncio.run(latest_heartbeats(nats_url))
-    return {k: v for k, v in beats.items() if v.role == "prefill"}
+    return {k: v for k, v in beats.items() if v.role == role}
 
 
 def num_replicas(gs: GlobalStack) -> int:
@@ -160,6 +160,29 @@ def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStac
     assert extension.cached_tokens >= warm.prompt_tokens - 64
     reference = ask(gstack.client(BOB_KEY), question)  # another tenant: computed cold
     assert reference.cached_tokens == 0 and reference.text == pulled.text
+
+
+def test_the_next_turn_pulls_the_reply_from_the_decode_node(gstack: GlobalStack) -> None:
+    """Only the decode node holds the KV of a reply it generated; the next turn, whose prompt
+    carries that reply, pulls those blocks from it instead of recomputing them."""
+    client = gstack.client()
+    history = document("canals", 20)
+    known = num_replicas(gstack)
+    first = ask(client, history, max_tokens=100)
+    p = first.prompt_tokens
+    # Prefill holds the prompt's blocks; decode holds them and the reply's (its KV minus the
+    # last sampled token).
+    wait_catalogued(gstack, known + p // 32 + (p + 99) // 32)
+    before = prefill_counters(gstack.nats_url, "decode")
+    second_prompt = history + first.text + " Which note mentions entry 5?"
+    second = ask(client, second_prompt)
+    after = prefill_counters(gstack.nats_url, "decode")
+    sent = sum(after[n].kv_bytes_sent - before[n].kv_bytes_sent for n in after)
+    assert sent > 0
+    # At least two blocks of the reply came from the decode node's cache.
+    assert second.cached_tokens >= (p // 32 + 2) * 32, (first, second)
+    reference = ask(gstack.client(BOB_KEY), second_prompt)  # another tenant: computed cold
+    assert reference.cached_tokens == 0 and reference.text == second.text
 
 
 def test_cachemeta_restart_and_database_outage_fail_no_request(gstack: GlobalStack) -> None:

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from services.prefill.handlers import PrefillHandlers
-from services.prefill.leases import LeaseTable
 from services.prefill.peers import PeerFetcher
 from shared import subjects
 from shared.bus import Bus
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import LLMEngine
+from shared.leases import LeaseTable
 from shared.messages import (
     GenerateRequest,
     LeaseRelease,

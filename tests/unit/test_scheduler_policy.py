@@ -166,21 +166,31 @@ def test_the_source_is_the_holder_that_makes_the_pull_cheapest() -> None:
     assert placed(place(LONG, slow_to_p3, holders, NOW)).pulls == (Pull("p2", 0, 30),)
 
 
-def test_only_dram_blocks_of_live_prefill_nodes_count() -> None:
+def test_only_dram_blocks_of_live_nodes_count() -> None:
     v = view(
         node("p1", "prefill"),
         node("gone", "prefill", last_seen=NOW - 10),
         node("d1", "decode"),
+        node("d-gone", "decode", last_seen=NOW - 10),
     )
     holders = [
         PrefixHolder("p1", "disk", 62),
         PrefixHolder("p1", "s3", 62),
+        PrefixHolder("d1", "disk", 62),
         dram("gone", 62),
-        dram("d1", 62),
+        dram("d-gone", 62),
         dram("unknown", 62),
     ]
     p = placed(place(LONG, v, holders, NOW))
     assert (p.prefill_node, p.pulls, p.num_cached_tokens) == ("p1", (), 0)
+
+
+def test_a_history_held_by_a_decode_node_is_pulled_from_it() -> None:
+    # The prompt blocks are on p1; the blocks of the reply generated last turn only on d1.
+    v = view(node("p1", "prefill"), node("p2", "prefill", queued_tokens=4000), node("d1", "decode"))
+    p = placed(place(LONG, v, [dram("d1", 62), dram("p1", 40), dram("p2", 50)], NOW))
+    assert (p.prefill_node, p.pulls) == ("p1", (Pull("d1", 40, 22),))
+    assert p.num_cached_tokens == 62 * 32
 
 
 def test_the_last_prompt_token_is_always_computed() -> None:

@@ -25,6 +25,8 @@ class ModelRunner:
         self.block_size = cache.layout.block_size
         self.device = cache.tensor.device
         self.sampler = Sampler()
+        # Grown on demand, never shrunk: the decode group's gathered K and V of each layer.
+        self._gather_space = torch.empty(0, device=self.device, dtype=cache.tensor.dtype)
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> list[tuple[Sequence, SampledToken]]:
@@ -80,6 +82,9 @@ class ModelRunner:
         )
         if decode_tables:
             meta.decode_chunks, meta.decode_mask = self._decode_chunks(decode_tables, decode_lens)
+            meta.decode_keys, meta.decode_values = self._gather_buffers(
+                meta.decode_chunks.shape[-1]
+            )
         input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
         rows_t = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return input_ids, positions, meta, rows_t
@@ -92,9 +97,21 @@ class ModelRunner:
         padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
         span = width * self.block_size
         lens_t = torch.tensor(lens, dtype=torch.long, device=self.device)
-        mask = torch.arange(span, device=self.device).unsqueeze(0) < lens_t.unsqueeze(1)
+        hidden = torch.arange(span, device=self.device).unsqueeze(0) >= lens_t.unsqueeze(1)
+        # An additive mask, made once per step: given a bool mask, attention would convert it
+        # in every layer.
+        mask = torch.zeros(hidden.shape, dtype=self.cache.tensor.dtype, device=self.device)
+        mask.masked_fill_(hidden, float("-inf"))
         chunks = self.cache.chunks_by_layer(self.cache.block_chunks(padded).to(self.device))
         return chunks, mask.view(len(tables), 1, 1, span)
+
+    def _gather_buffers(self, num_chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        width = self.cache.chunks.shape[1]
+        need = 2 * num_chunks * width
+        if self._gather_space.numel() < need:
+            self._gather_space = self._gather_space.new_empty(need)
+        space = self._gather_space[:need].view(2, num_chunks, width)
+        return space[0], space[1]
 
 
 def _make_generator(seed: int | None, device: torch.device) -> torch.Generator:

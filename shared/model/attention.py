@@ -43,7 +43,11 @@ class AttentionMetadata:
     slot_rows: torch.Tensor  # long [layers, 2, T]: the K and V row of each new token
     num_decode: int = 0
     decode_chunks: torch.Tensor | None = None  # long [layers, 2, D * nb]: context, padded
-    decode_mask: torch.Tensor | None = None  # bool [D, 1, 1, S]
+    decode_mask: torch.Tensor | None = None  # float [D, 1, 1, S]: 0 to attend, -inf to skip
+    # Reused destinations for the decode group's gathered K and V ([D * nb, chunk] each), so
+    # the 2 x layers gathers of a step allocate (and page-fault) nothing.
+    decode_keys: torch.Tensor | None = None
+    decode_values: torch.Tensor | None = None
     prefills: list[PrefillChunk] = field(default_factory=list)
 
 
@@ -64,16 +68,21 @@ def paged_attention(
     cache.rows.index_copy_(0, meta.slot_rows[layer, 1], v.reshape(t, -1))
     k_chunk, v_chunk = cache.layer_chunk_offsets(layer)
 
-    def gather(chunk_ids: torch.Tensor, batch: int) -> torch.Tensor:
+    def gather(
+        chunk_ids: torch.Tensor, batch: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``batch * nb`` chunk ids -> ``[batch, kv_heads, nb * block_size, dim]``, one copy."""
-        g = cache.chunks.index_select(0, chunk_ids)
+        if out is None:
+            g = cache.chunks.index_select(0, chunk_ids)
+        else:
+            g = torch.index_select(cache.chunks, 0, chunk_ids, out=out)
         return g.view(batch, -1, kv_heads, dim).transpose(1, 2)
 
     if meta.num_decode:
         assert meta.decode_chunks is not None and meta.decode_mask is not None
         d = meta.num_decode
-        keys = gather(meta.decode_chunks[layer, 0], d)
-        values = gather(meta.decode_chunks[layer, 1], d)
+        keys = gather(meta.decode_chunks[layer, 0], d, meta.decode_keys)
+        values = gather(meta.decode_chunks[layer, 1], d, meta.decode_values)
         decoded = _decode_attention(q[:d], keys, values, meta.decode_mask)
         if not meta.prefills:
             return decoded  # a pure decode step: no need to assemble the output

@@ -54,7 +54,12 @@ class Linear(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin of every position up to the model's context, in fp32."""
+    """Precomputed cos/sin of every position up to the model's context, in fp32.
+
+    ``sin`` is stored with its first half negated: rotating then takes one swap of the two
+    halves of ``x`` instead of slicing, negating and concatenating them, with bit-identical
+    results (negating a factor and negating the product round the same).
+    """
 
     cos: torch.Tensor
     sin: torch.Tensor
@@ -66,14 +71,16 @@ class RotaryEmbedding(nn.Module):
         positions = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         angles = torch.cat((freqs, freqs), dim=-1)
+        sin = angles.sin()
+        sin[:, : head_dim // 2].neg_()
         self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def tables(
         self, positions: torch.Tensor, dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for the batch's positions, ``[T, 1, head_dim]``; looked up once per step
-        and shared by every layer."""
+        """cos and signed sin for the batch's positions, ``[T, 1, head_dim]``; looked up once
+        per step and shared by every layer."""
         return (
             self.cos[positions].unsqueeze(1).to(dtype),
             self.sin[positions].unsqueeze(1).to(dtype),
@@ -81,12 +88,13 @@ class RotaryEmbedding(nn.Module):
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotates ``x`` of shape ``[T, heads, head_dim]`` by the positions of ``tables``."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rotated * sin
+        """Rotates ``x`` of shape ``[T, heads, head_dim]`` by the positions of ``tables``:
+        ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``."""
+        t, heads, dim = x.shape
+        swapped = x.view(t, heads, 2, dim // 2).flip(2).view(t, heads, dim)
+        return x * cos + swapped * sin
 
 
 def swiglu(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
     gate, up = gate_up.split(intermediate, dim=-1)
-    return F.silu(gate) * up
+    return F.silu(gate).mul_(up)

@@ -73,8 +73,10 @@ class LlamaDecoderLayer(nn.Module):
         cache: PagedKVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # In place: x is this forward's own tensor (the embedding lookup's or a layer's sum),
+        # and adding into it saves an allocation per residual.
+        x = x.add_(self.self_attn(self.input_layernorm(x), rope, cache, meta))
+        return x.add_(self.mlp(self.post_attention_layernorm(x)))
 
 
 class LlamaForCausalLM(nn.Module):

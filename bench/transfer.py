@@ -33,12 +33,18 @@ from shared.transfer.base import BufferLike, create_client, create_server
 BLOCK_BYTES = 1_474_560
 LEASE = "bench"
 # (column, transport, environment of both processes). "UCX adaptive" is what the services run
-# by default: a waiting pull polls UCX, an idle process sleeps in epoll. "UCX polling" polls
-# for as long as anything waits, a server's wait for requests included (a core per process,
-# always); "UCX thread" leaves progress to ucxx's progress thread. All use UCX's default
-# shared-memory protocol, where the client copies out of the server's memory with CMA.
+# by default: a waiting pull polls UCX, an idle process sleeps in epoll; UCX's protocol v1,
+# which the transport selects itself. "proto v2" is the same on UCX's newer protocol layer,
+# its own default. "UCX polling" polls for as long as anything waits, a server's wait for
+# requests included (a core per process, always); "UCX thread" leaves progress to ucxx's
+# progress thread. All copy blocks out of the server's memory with CMA.
 VARIANTS: tuple[tuple[str, str, dict[str, str]], ...] = (
     ("UCX adaptive", "ucx", {"CRESCENT_UCX_PROGRESS": "adaptive"}),
+    (
+        "UCX adaptive proto v2",
+        "ucx",
+        {"CRESCENT_UCX_PROGRESS": "adaptive", "UCX_PROTO_ENABLE": "y"},
+    ),
     ("UCX polling", "ucx", {"CRESCENT_UCX_PROGRESS": "polling"}),
     ("UCX thread", "ucx", {"CRESCENT_UCX_PROGRESS": "thread"}),
     ("TCP", "tcp", {}),

@@ -99,7 +99,7 @@ class UcxTransferServer:
     async def _receive_requests(self) -> None:
         buf = np.empty(MAX_REQUEST_BYTES, dtype=np.uint8)
         # Tag receives match messages from every sender; posting through the endpoint to
-        # ourselves just gives the receive the backing-off wait of ``Posted``.
+        # ourselves gives it the same ``Posted`` wait, and progress, as every other request.
         own = self._ucx.endpoints.get(self._ucx.address)
         while not self._closing:
             try:

@@ -6,16 +6,17 @@ UCX to TCP even between two processes of one host. Worker-address endpoints have
 so a pull is three kinds of tag messages:
 
   client -> server  tag REQUEST          a ``wire.PullRequest``; ``reply_to`` = client's address
-  server -> client  tag REPLY|rid        a ``wire.Reply``
   server -> client  tag BLOCK|rid|i      the bytes of block i; empty when the reply is an error
+  server -> client  tag REPLY|rid        a ``wire.Reply``, after the blocks
 
 The server receives requests on its worker (it has no endpoint to the client yet) and answers
 through an endpoint made from ``reply_to``. The client posts every receive before sending the
-request, so each block lands in its destination the moment it arrives; an error reply completes
-those receives with empty messages instead of leaving them posted, and a pull that times out
-cancels them (see ``ucx_endpoints``), so nothing is written after ``pull`` returns. A tag is 64
-bits: the top byte names the kind, then a 40-bit request id unique within the client process,
-then a block index.
+request, so each block lands in its destination the moment it arrives, and waits for them all
+at once. The reply comes last, so nothing delays the first block; the client reads the status
+once every message has landed. An error reply's empty blocks complete the receives instead of
+leaving them posted, and a pull that times out cancels them (see ``ucx_endpoints``), so nothing
+is written after ``pull`` returns. A tag is 64 bits: the top byte names the kind, then a 40-bit
+request id unique within the client process, then a block index.
 
 ucxx is imported here only, and only on first use: importing it is slow and it is a large,
 optional dependency.
@@ -26,8 +27,7 @@ from __future__ import annotations
 import itertools
 import os
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any
 
 from shared.transfer.base import BufferLike, TransferError
@@ -70,21 +70,23 @@ def worker_address_of(address: bytes) -> bytes:
     return address[len(ADDRESS_PREFIX) :]
 
 
-@dataclass(frozen=True, slots=True)
 class Posted:
-    """A posted UCX request and the buffer it reads or fills.
+    """Posted UCX requests, waited on together, and the buffers they read or fill.
 
-    Invariant: holds the buffer for as long as the request is held. A ucxx request does not
+    Invariant: holds every buffer for as long as its request is held. A ucxx request does not
     keep its buffer alive, and UCX may touch it well after posting: a send that finds the
     shared-memory queue full copies its bytes only when there is room.
     """
 
-    request: Any
-    buffer: Any
-    progress: Progress
+    __slots__ = ("buffers", "progress", "requests")
 
-    async def wait(self, *, idle: bool = False) -> None:
-        await self.progress.wait(self.request, idle=idle)
+    def __init__(self, progress: Progress) -> None:
+        self.requests: list[Any] = []
+        self.buffers: list[Any] = []
+        self.progress = progress
+
+    async def wait(self, *, idle: bool = False, until: float | None = None) -> None:
+        await self.progress.wait(self.requests, idle=idle, until=until)
 
 
 class Ucx:
@@ -117,23 +119,31 @@ class Ucx:
         remote = self._api.UCXAddress.create_from_buffer(address)
         return self._api.UCXEndpoint.create_from_worker_address(self.worker, remote, False)
 
-    # Posting at the binding level and awaiting the requests in order keeps a single waiter
-    # alive while UCX moves them all; ucxx's per-request coroutines would each poll on every
+    # Posting at the binding level and waiting for a whole batch keeps a single waiter alive
+    # while UCX moves every message; ucxx's per-request coroutines would each poll on every
     # loop turn (measured: 10-15% of throughput at 12 blocks).
-    def post_send(self, ep: Any, data: BufferLike, tag: int) -> Posted:
-        array = self._array(data)
-        return Posted(ep.tag_send(array, self._api.UCXXTag(tag)), array, self.progress)
+    def post_sends(self, ep: Any, datas: Iterable[tuple[BufferLike, int]]) -> Posted:
+        """Sends each ``(data, tag)`` in order."""
+        posted = Posted(self.progress)
+        array, tag_of, send = self._array, self._api.UCXXTag, ep.tag_send
+        requests, buffers = posted.requests, posted.buffers
+        for data, tag in datas:
+            buffer = array(data)
+            buffers.append(buffer)
+            requests.append(send(buffer, tag_of(tag)))
+        return posted
 
-    def post_recv(self, ep: Any, buf: BufferLike, tag: int) -> Posted:
-        array = self._array(buf)
-        tag_obj = self._api.UCXXTag(tag)
-        request = ep.tag_recv(array, tag_obj, self._api.UCXXTagMaskFull)
-        return Posted(request, array, self.progress)
-
-    @staticmethod
-    async def wait_all(posted: Sequence[Posted]) -> None:
-        for one in posted:
-            await one.wait()
+    def post_recvs(self, ep: Any, bufs: Iterable[tuple[BufferLike, int]]) -> Posted:
+        """Receives into each ``(buffer, tag)``; the buffer takes the message with that tag."""
+        posted = Posted(self.progress)
+        array, tag_of, recv = self._array, self._api.UCXXTag, ep.tag_recv
+        mask = self._api.UCXXTagMaskFull
+        requests, buffers = posted.requests, posted.buffers
+        for buf, tag in bufs:
+            buffer = array(buf)
+            buffers.append(buffer)
+            requests.append(recv(buffer, tag_of(tag), mask))
+        return posted
 
 
 def load_ucx() -> Ucx:

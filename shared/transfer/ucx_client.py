@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,14 @@ from shared.transfer.ucx import (
     reply_tag,
     worker_address_of,
 )
-from shared.transfer.wire import MAX_REPLY_BYTES, PullRequest, Reply, check_pull, decode_reply
+from shared.transfer.wire import (
+    MAX_REPLY_BYTES,
+    PullRequest,
+    Reply,
+    Status,
+    check_pull,
+    decode_reply,
+)
 
 
 class UcxTransferClient:
@@ -49,18 +57,17 @@ class UcxTransferClient:
         sizes = tuple(v.nbytes for v in views)
         request = PullRequest(next_request_id(), lease_id, tuple(block_ids), sizes, ucx.attach())
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        where = f"UCX pull of {len(views)} blocks of lease {lease_id!r}"
         inbox: Any = None
         reply: Reply | None = None
         try:
-            async with asyncio.timeout(timeout):
-                ep = ucx.endpoints.get(server)
-                inbox = ucx.inboxes.take()
-                reply = await _exchange(ucx, ep, inbox, request, views)
+            ep = ucx.endpoints.get(server)
+            inbox = ucx.inboxes.take()
+            reply = await _exchange(ucx, ep, inbox, request, views, time.monotonic() + timeout)
         except TimeoutError:
+            where = _where(lease_id, views)
             raise TransferError(f"{where} timed out after {timeout:g} s") from None
         except Exception as exc:  # ucxx errors: peer unreachable, malformed reply
-            raise TransferError(f"{where} failed: {exc!r}") from exc
+            raise TransferError(f"{_where(lease_id, views)} failed: {exc!r}") from exc
         finally:
             # Only a pull that got every message back leaves its inbox with nothing posted.
             if inbox is not None and reply is not None:
@@ -68,7 +75,8 @@ class UcxTransferClient:
             elif inbox is not None:
                 ucx.inboxes.cancel(inbox)
         assert reply is not None  # the try block either set it or raised
-        reply.raise_for_status(where)
+        if reply.status != Status.OK:
+            reply.raise_for_status(_where(lease_id, views))
         self.bytes_received += reply.total_bytes
         self.blocks_received += len(views)
         return reply.total_bytes
@@ -78,20 +86,33 @@ class UcxTransferClient:
         return
 
 
+def _where(lease_id: str, views: list[memoryview]) -> str:
+    return f"UCX pull of {len(views)} blocks of lease {lease_id!r}"
+
+
 async def _exchange(
-    ucx: Ucx, ep: Any, inbox: Any, request: PullRequest, views: list[memoryview]
+    ucx: Ucx, ep: Any, inbox: Any, request: PullRequest, views: list[memoryview], until: float
 ) -> Reply:
     rid = request.request_id
     head = np.empty(MAX_REPLY_BYTES, dtype=np.uint8)
     # Everything is posted before the request leaves, so each message is matched on arrival
     # instead of waiting in UCX's unexpected queue. (Sending first, to post while the server
-    # answers, measured slower: a block matched out of that queue starts later.)
-    got_reply = ucx.post_recv(inbox, head, reply_tag(rid))
-    got_blocks = [ucx.post_recv(inbox, v, block_tag(rid, i)) for i, v in enumerate(views)]
-    await ucx.post_send(ep, memoryview(request.encode()), REQUEST_TAG).wait()
-    await got_reply.wait()
+    # answers, measured slower: a block matched out of that queue starts later.) Blocks come
+    # first in the batch because they arrive first: the wait then reads each flag once.
+    first = block_tag(rid, 0)  # block i's tag is first | i
+    tags: list[tuple[BufferLike, int]] = [(view, first | i) for i, view in enumerate(views)]
+    tags.append((head, reply_tag(rid)))
+    got = ucx.post_recvs(inbox, tags)
+    sent = ucx.post_sends(ep, ((memoryview(request.encode()), REQUEST_TAG),))
+    await ucx.progress.wait(sent.requests + got.requests, until=until)
     reply = decode_reply(head.data)
     if reply.request_id != rid:
         raise ValueError(f"reply to request {reply.request_id}, not {rid}")
-    await ucx.wait_all(got_blocks)
+    # Freeing the completed requests takes a while (each lets go of UCX and ucxx state); on
+    # the loop's next turn it overlaps the next pull's wait for its server instead.
+    asyncio.get_running_loop().call_soon(_drop, got, sent)
     return reply
+
+
+def _drop(*_: object) -> None:
+    """Does nothing: the handle that calls it holds its arguments until then."""

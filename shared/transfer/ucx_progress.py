@@ -4,9 +4,10 @@ UCX only advances a transfer inside ``ucp_worker_progress``: an arriving block, 
 request, the acknowledgement that lets a send complete. Someone must call it, and how decides
 both speed and idle cost (``bench/transfer.py``):
 
-* ``adaptive`` (default): a task waiting on a request calls progress itself, in a tight loop
-  that yields to the event loop between calls, for at most ``HOT_S``; blocks of a pull arrive
-  back to back, so this covers a whole pull. Past that, and for waits with nothing in flight
+* ``adaptive`` (default): a task waiting on requests calls progress itself, in a tight loop
+  that yields to the event loop between calls, until ``HOT_S`` pass with none of them
+  completing; blocks of a pull arrive back to back, so this covers a whole pull, however
+  long. Past that, and for waits with nothing in flight
   (a server waiting for the next request), the worker is armed and the loop sleeps in epoll
   until UCX's event file descriptor wakes it. Polling speed during pulls, no CPU when idle.
 * ``polling``: every wait polls until its request completes, however long; a server's wait
@@ -25,7 +26,7 @@ import asyncio
 import atexit
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from shared.transfer.base import TransferError
@@ -45,6 +46,8 @@ IDLE_POLL_S = 0.5
 _SPIN_S = 0.002
 _FIRST_BACKOFF_S = 50e-6
 _MAX_BACKOFF_S = 0.002
+_UCS_OK = 0
+_UCS_INPROGRESS = 1  # ucs_status_t of a request not yet completed
 
 
 def mode_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -69,7 +72,7 @@ class Progress:
         self.mode = mode
         self._loop: asyncio.AbstractEventLoop | None = None
         self._polling = 0
-        self._asleep: dict[int, tuple[Any, asyncio.Future[None]]] = {}
+        self._asleep: dict[int, tuple[_Batch, asyncio.Future[None]]] = {}
         if mode == "thread":
             worker.start_progress_thread(polling_mode=False, epoll_timeout=1)
             # Stopped before the interpreter tears down, or UCX objects die on that thread.
@@ -88,59 +91,92 @@ class Progress:
         loop.add_reader(self._worker.epoll_file_descriptor, self._on_event)
         self._on_event()
 
-    async def wait(self, request: Any, *, idle: bool = False) -> None:
-        """Return once ``request`` has completed; raises its error, if any.
+    async def wait(
+        self, requests: Sequence[Any], *, idle: bool = False, until: float | None = None
+    ) -> None:
+        """Return once every one of ``requests`` has completed; raises the first error, if any,
+        as soon as every request before it has completed.
 
-        ``idle``: the request may wait indefinitely for work to come (a server's receive for
+        One wait for a whole batch, not one per request: each wait that polls ends by arming
+        the worker (system calls), and a pull's blocks complete back to back.
+        ``idle``: the requests may wait indefinitely for work to come (a server's receive for
         the next request) rather than being part of a pull in flight.
+        ``until``: a ``time.monotonic()`` deadline, past which the wait raises ``TimeoutError``
+        and leaves the requests posted. Checked here rather than by ``asyncio.timeout``, whose
+        timer costs a pull more than the clock reads this loop makes anyway.
         """
-        if not request.completed:
+        batch = _Batch(requests)
+        if not batch.done():
             if self.mode == "thread":
-                await _backing_off(request)
-            elif not await self._poll(request, None if self.mode == "polling" else HOT_S):
-                await self._sleep(request, IDLE_POLL_S if idle else STALLED_POLL_S)
-        request.check_error()
+                await _backing_off(batch, until)
+            elif not await self._poll(batch, None if self.mode == "polling" else HOT_S, until):
+                await self._sleep(batch, IDLE_POLL_S if idle else STALLED_POLL_S, until)
+        if batch.failed:
+            requests[batch.next - 1].check_error()
 
-    async def _poll(self, request: Any, budget_s: float | None) -> bool:
-        """Progress until ``request`` completes (True) or ``budget_s`` runs out (False)."""
-        deadline = None if budget_s is None else time.monotonic() + budget_s
+    async def _poll(self, batch: _Batch, budget_s: float | None, until: float | None) -> bool:
+        """Progress until ``batch`` completes (True) or ``budget_s`` passes with none of its
+        requests completing (False): the budget is for the gap between two blocks, not for
+        a whole pull, which may take longer than that."""
+        give_up = time.monotonic() + (budget_s or 0.0)
+        progress = self._progress
         self._polling += 1
         try:
             while True:
-                self._progress()
-                if request.completed:
+                progress()
+                before = batch.next
+                if batch.done():
                     return True
-                if deadline is not None and time.monotonic() > deadline:
-                    return False
+                now = time.monotonic()
+                _check(until, now)
+                if budget_s is not None:
+                    if batch.next != before:
+                        give_up = now + budget_s
+                    elif now > give_up:
+                        return False
                 await asyncio.sleep(0)
         finally:
             self._polling -= 1
             if not self._polling:
-                self._arm()
+                self._arm_soon()
 
-    async def _sleep(self, request: Any, poll_s: float) -> None:
+    async def _sleep(self, batch: _Batch, poll_s: float, until: float | None) -> None:
         assert self._loop is not None, "attach() first"
-        key = id(request)
-        while not request.completed:
+        key = id(batch)
+        while not batch.done():
+            now = time.monotonic()
+            _check(until, now)
             woken = self._loop.create_future()
-            self._asleep[key] = (request, woken)
+            self._asleep[key] = (batch, woken)
             try:
                 self._arm()
-                await asyncio.wait((woken,), timeout=poll_s)
+                timeout = poll_s if until is None else min(poll_s, until - now)
+                await asyncio.wait((woken,), timeout=timeout)
             finally:
                 del self._asleep[key]
             self._progress()
 
     def _progress(self) -> None:
         self._worker.progress()
-        # A poller's progress can complete a sleeper's request without any event firing.
-        for request, woken in self._asleep.values():
-            if request.completed and not woken.done():
-                woken.set_result(None)
+        # A poller's progress can complete a sleeper's requests without any event firing.
+        if self._asleep:
+            for batch, woken in self._asleep.values():
+                if not woken.done() and batch.done():
+                    woken.set_result(None)
 
     def _on_event(self) -> None:
         self._progress()
         self._arm()
+
+    def _arm_soon(self) -> None:
+        # Arming takes system calls. Left to the next loop turn, it is off the path of the
+        # caller that just got its completion, and skipped when that caller polls again at
+        # once (the next pull), since nobody arms while a wait polls. A scheduled progress
+        # call is as good as an armed worker (class invariant).
+        if self._loop is None or self._loop.is_closed():
+            self._arm()
+        else:
+            self._loop.call_soon(self._on_event)
 
     def _arm(self) -> None:
         # Arming fails while UCX holds unprocessed events; progress them on the next turn
@@ -149,12 +185,54 @@ class Progress:
             self._loop.call_soon(self._on_event)
 
 
-async def _backing_off(request: Any) -> None:
+class _Batch:
+    """Requests waited on together, and how far along they are.
+
+    Owns nothing but the index. Invariant: every request before ``next`` has completed, and
+    all of them successfully unless ``failed`` (then the last of them failed); so a request's
+    status is read until it is seen complete, not on every check of the batch.
+    """
+
+    __slots__ = ("failed", "next", "requests")
+
+    def __init__(self, requests: Sequence[Any]) -> None:
+        self.requests = requests
+        self.next = 0
+        self.failed = False
+
+    def done(self) -> bool:
+        """Whether waiting is over: every request has completed, or one has failed (which
+        ends the wait at once, like waiting on each request in turn would)."""
+        # One read of each request's status says both whether it has completed and whether
+        # it failed: reads into ucxx cost a pull's tail more than anything else in this loop.
+        requests, i, n = self.requests, self.next, len(self.requests)
+        while i < n:
+            status = requests[i].status
+            if status == _UCS_INPROGRESS:
+                break
+            i += 1
+            if status != _UCS_OK:
+                self.next, self.failed = i, True
+                return True
+        self.next = i
+        return i == n
+
+
+def _check(until: float | None, now: float) -> None:
+    if until is not None and now > until:
+        raise TimeoutError
+
+
+async def _backing_off(batch: _Batch, until: float | None) -> None:
     # Another thread progresses: spin briefly (blocks arrive back to back), then back off so
     # a long wait does not keep a core busy.
-    spin_until = time.monotonic() + _SPIN_S
-    delay = 0.0
-    while not request.completed:
-        await asyncio.sleep(delay)
-        if time.monotonic() > spin_until:
+    # A request completing starts the spin over: the next block is likely close behind.
+    spin_until, delay, seen = 0.0, 0.0, -1
+    while not batch.done():
+        now = time.monotonic()
+        _check(until, now)
+        if batch.next != seen:
+            seen, spin_until, delay = batch.next, now + _SPIN_S, 0.0
+        elif now > spin_until:
             delay = min(max(2 * delay, _FIRST_BACKOFF_S), _MAX_BACKOFF_S)
+        await asyncio.sleep(delay)

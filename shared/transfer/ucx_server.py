@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Sequence
 
@@ -90,7 +91,7 @@ class UcxTransferServer:
         try:
             async with asyncio.timeout(2.0):
                 ep = self._ucx.endpoints.get(self._ucx.address)
-                await self._ucx.post_send(ep, memoryview(b"\0"), REQUEST_TAG).wait()
+                await self._ucx.post_sends(ep, ((memoryview(b"\0"), REQUEST_TAG),)).wait()
                 await self._receiver
         except Exception as exc:
             log.warning("UCX transfer receiver did not stop cleanly: %r", exc)
@@ -103,7 +104,9 @@ class UcxTransferServer:
         own = self._ucx.endpoints.get(self._ucx.address)
         while not self._closing:
             try:
-                await self._ucx.post_recv(own, buf, REQUEST_TAG).wait(idle=True)
+                # Kept until the next request is posted: freeing it waits until the answer is.
+                received = self._ucx.post_recvs(own, ((buf, REQUEST_TAG),))
+                await received.wait(idle=True)
             except Exception as exc:  # e.g. a request over the size limit: drop that one
                 log.warning("dropped a UCX transfer request: %r", exc)
                 await asyncio.sleep(0.01)  # a broken worker must not turn this into a spin
@@ -121,8 +124,8 @@ class UcxTransferServer:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _answer(self, request: PullRequest) -> tuple[Answer, list[Posted] | Exception]:
-        """Posts the reply and the blocks; returns the answer and its sends, or why not."""
+    def _answer(self, request: PullRequest) -> tuple[Answer, Posted | Exception]:
+        """Posts the blocks and the reply; returns the answer and its sends, or why not."""
         rid = request.request_id
         result = answer(self._provider, request)
         # On an error reply the client's block receives are posted all the same; empty
@@ -130,21 +133,24 @@ class UcxTransferServer:
         views: Sequence[BufferLike] = result.views or [_EMPTY] * len(request.block_ids)
         try:
             ep = self._ucx.endpoints.get(request.reply_to)
-            post = self._ucx.post_send
-            sends = [post(ep, memoryview(result.reply.encode()), reply_tag(rid))]
-            sends += [post(ep, view, block_tag(rid, i)) for i, view in enumerate(views)]
+            # The reply goes last: the client waits for every message anyway, and the first
+            # block's transfer starts sooner without the reply ahead of it. A generator, so
+            # that block goes out before the other messages are even put together.
+            blocks = ((view, block_tag(rid, i)) for i, view in enumerate(views))
+            reply = ((memoryview(result.reply.encode()), reply_tag(rid)),)
+            sends = self._ucx.post_sends(ep, itertools.chain(blocks, reply))
         except Exception as exc:  # an unreachable client address
             return result, exc
         return result, sends
 
     async def _deliver(
-        self, request: PullRequest, result: Answer, sends: list[Posted] | Exception
+        self, request: PullRequest, result: Answer, sends: Posted | Exception
     ) -> None:
         try:
             if isinstance(sends, Exception):
                 raise sends
             async with asyncio.timeout(self._send_timeout_s):
-                await self._ucx.wait_all(sends)
+                await sends.wait()
         except Exception as exc:
             # The client died or gave up on this pull. Its sends stay posted: cancelling them
             # would mean closing the endpoint, which can freeze this loop (see ucx_endpoints).

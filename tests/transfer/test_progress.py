@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from shared.transfer import ucx_progress
 from shared.transfer.base import TransferError, create_client
 from shared.transfer.ucx_progress import mode_from_env
 from tests.transfer.conftest import PeerProcess
@@ -50,3 +51,69 @@ def test_idle_server_and_client_sleep_between_pulls(run: asyncio.Runner) -> None
         assert run.run(client.pull(server.address, LEASE, [3], dest[:1])) > 0
     finally:
         run.run(asyncio.to_thread(server.stop))
+
+
+class FakeRequest:
+    """A request that the fake worker completes."""
+
+    status = 1  # UCS_INPROGRESS until the fake worker completes it
+
+    def check_error(self) -> None:
+        return
+
+
+class FakeWorker:
+    """Just enough of a UCX worker for ``Progress``, with a clock of its own: each progress
+    call takes ``step_s``, and every ``every``-th call completes the next request."""
+
+    def __init__(self, requests: list[FakeRequest], step_s: float, every: int) -> None:
+        self.requests = requests
+        self.step_s = step_s
+        self.every = every
+        self.calls = 0
+        self.now = 0.0
+        self.read_fd, self.write_fd = os.pipe()  # never written: no UCX event ever fires
+        self.epoll_file_descriptor = self.read_fd
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def init_blocking_progress_mode(self) -> None:
+        return
+
+    def progress(self) -> None:
+        self.calls += 1
+        self.now += self.step_s
+        if self.calls % self.every == 0 and self.calls // self.every <= len(self.requests):
+            self.requests[self.calls // self.every - 1].status = 0
+
+    def arm(self) -> bool:
+        return True
+
+
+def test_a_batch_longer_than_the_polling_budget_polls_through(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 64 MiB pull takes longer than HOT_S, but its blocks land well within HOT_S of each
+    # other: the wait must keep polling rather than fall asleep between blocks.
+    requests = [FakeRequest() for _ in range(8)]
+    worker = FakeWorker(requests, step_s=ucx_progress.HOT_S / 4, every=3)
+    monkeypatch.setattr(ucx_progress, "time", worker)  # the module's clock only
+
+    async def no_sleep(*_: object) -> None:
+        raise AssertionError("the wait fell asleep between two completions")
+
+    monkeypatch.setattr(ucx_progress.Progress, "_sleep", no_sleep)
+
+    async def scenario() -> None:
+        progress = ucx_progress.Progress(worker, "adaptive")
+        progress.attach()
+        await progress.wait(requests)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        os.close(worker.read_fd)
+        os.close(worker.write_fd)
+    assert all(r.status == 0 for r in requests)
+    assert worker.now > 4 * ucx_progress.HOT_S

@@ -60,7 +60,7 @@ class PrefillCost:
 
 @dataclass(frozen=True, slots=True)
 class _HolderGroup:
-    """The live prefill nodes holding exactly ``num_blocks`` usable leading blocks."""
+    """The live nodes (prefill or decode) holding exactly ``num_blocks`` usable leading blocks."""
 
     num_blocks: int
     node_ids: list[str]  # sorted

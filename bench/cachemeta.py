@@ -66,7 +66,7 @@ class Workload:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.rng = random.Random(args.seed)
-        scope = scope_root()  # the scheduler's root for the benchmark's tenant
+        self.scope = scope = scope_root()  # the scheduler's root for the benchmark's tenant
         own = args.chain - args.shared_blocks
         roots = max(1, args.roots)
         num_convs = max(1, (args.blocks - roots * args.shared_blocks) // own)
@@ -97,28 +97,26 @@ class Workload:
             out.append(parent)
         return out
 
-    def prompt(self, conv: int) -> list[int]:
-        """The tokens of a conversation's chain plus one: a prompt whose every block may hit."""
+    def _chain_tokens(self, conv: int) -> np.ndarray:
+        """``[blocks, BLOCK_TOKENS]``: the tokens of a conversation's whole chain."""
         root = self.root_of[conv]
-        parts = [
-            self._tokens(("root", root), len(self.roots[root])),
-            self._tokens(("conv", conv), self.own_len),
-        ]
-        return [*np.concatenate(parts).ravel().tolist(), 1]
-
-    def records(self, conv: int) -> list[BlockRecord]:
-        chain = self.chains[conv]
-        root = self.root_of[conv]
-        tokens = np.concatenate(
+        return np.concatenate(
             [
                 self._tokens(("root", root), len(self.roots[root])),
                 self._tokens(("conv", conv), self.own_len),
             ]
-        ).tolist()
-        parents = [scope_root(), *chain[:-1]]
+        )
+
+    def prompt(self, conv: int) -> list[int]:
+        """The tokens of a conversation's chain plus one: a prompt whose every block may hit."""
+        return [*self._chain_tokens(conv).ravel().tolist(), 1]
+
+    def records(self, conv: int) -> list[BlockRecord]:
+        chain = self.chains[conv]
+        parents = [self.scope, *chain[:-1]]
         return [
             BlockRecord(h, p, t, BLOCK_BYTES, int.from_bytes(h[:8], "little"))
-            for h, p, t in zip(chain, parents, tokens, strict=True)
+            for h, p, t in zip(chain, parents, self._chain_tokens(conv).tolist(), strict=True)
         ]
 
 

@@ -143,7 +143,10 @@ class PrefixIndex:
         masks = self._masks
         alive = masks.get(chain[0], 0) if chain else 0
         if tiers:
-            alive &= sum(self._tier_masks.get(t, 0) for t in set(tiers))
+            wanted = 0
+            for tier in tiers:
+                wanted |= self._tier_masks.get(tier, 0)
+            alive &= wanted
         found: list[tuple[str, str, int]] = []
         position = 1
         while alive and position < len(chain):

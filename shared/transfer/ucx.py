@@ -155,8 +155,8 @@ def load_ucx() -> Ucx:
         # rendezvous, where the client copies each block straight out of the server's memory
         # (CMA): without CMA, blocks go through FIFOs that need both processes on a core at
         # once, and pulls fall to a tenth of TCP's speed once the host is busy. UCX's older
-        # protocol layer (v1) runs that copy faster than its default v2 (bench/transfer.py:
-        # 16 MiB pulls ~10% faster, 64 MiB ~1.7x); UCX_PROTO_ENABLE=y selects v2 again.
+        # protocol layer (v1) runs that copy faster than its default v2 (bench/transfer.py
+        # measures both, see docs/benchmarks.md); UCX_PROTO_ENABLE=y selects v2 again.
         os.environ.setdefault("UCX_PROTO_ENABLE", "n")
         os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
         try:

@@ -1,12 +1,16 @@
 """Crescent's engine against Hugging Face transformers on the same model, side by side.
 
-Prefill: time to the first token of one prompt of 128 / 512 / 2048 random tokens (median of
-runs, fresh tokens each run so nothing is reused). Decode: steady-state tokens/s of B
-sequences with 128-token prompts decoding together, after both sides have warmed up.
-transformers runs its fastest plain loop: forward with a DynamicCache and logits for the last
-position only, greedy argmax, no generate() bookkeeping.
+Prefill: time to the first token of one prompt of 128 / 512 / 2048 random tokens, fresh tokens
+each run so nothing is reused. Decode: steady-state tokens/s of B sequences with 128-token
+prompts decoding together, after every side has warmed up. transformers runs its fastest plain
+loop: forward with a DynamicCache and logits for the last position only, greedy argmax, no
+generate() bookkeeping. A third column runs Crescent with its CPU kernels off (every matmul
+torch's, on the fp32 weights), which shows what the kernels add.
 
-    .venv/bin/python bench/engine.py [--runs 3] [--steps 32]
+The sides take turns within each workload, run after run, and each figure is the median of its
+side's runs: drift in a shared machine's speed then lands on every side alike.
+
+    .venv/bin/python bench/engine.py [--runs 5] [--steps 32]
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from rich.console import Console
@@ -37,19 +41,26 @@ def random_prompt(gen: torch.Generator, n: int) -> list[int]:
     return torch.randint(100, 40000, (n,), generator=gen).tolist()
 
 
-def median_seconds(fn: Callable[[], Any], runs: int) -> float:
-    fn()  # warm-up: first touches of KV pages and kernel selection are not steady state
-    times = []
+def seconds(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleaved_medians(fns: list[Callable[[], float]], runs: int) -> list[float]:
+    """Runs each measurement once per round, ``runs`` rounds; the median of each."""
+    results: list[list[float]] = [[] for _ in fns]
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for out, fn in zip(results, fns, strict=True):
+            out.append(fn())
+    return [statistics.median(r) for r in results]
 
 
 class CrescentSide:
-    def __init__(self) -> None:
-        settings = EngineSettings(kv_cache_mb=2048, max_num_batched_tokens=2048)
+    def __init__(self, cpu_kernels: Literal["auto", "off"] = "auto") -> None:
+        settings = EngineSettings(
+            kv_cache_mb=2048, max_num_batched_tokens=2048, cpu_kernels=cpu_kernels
+        )
         self.engine: LLMEngine = load_engine(settings).engine
         # A long-running server has touched its whole KV pool; first-touch page faults of a
         # fresh process (slow on some VMs) are start-up cost, not engine speed.
@@ -123,24 +134,44 @@ class TransformersSide:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=32)
     args = parser.parse_args()
     console = Console()
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, CPU")
-    ours, theirs = CrescentSide(), TransformersSide()
-    table = Table(title="Crescent engine vs transformers (SmolLM2-135M-Instruct Q4_1 -> fp32)")
-    for col in ("workload", "Crescent", "transformers", "ratio"):
+    sides: list[Any] = [CrescentSide(), CrescentSide(cpu_kernels="off"), TransformersSide()]
+    table = Table(title="Crescent engine vs transformers (SmolLM2-135M-Instruct Q4_1)")
+    for col in ("workload", "Crescent", "kernels off", "transformers", "ratio", "ratio, off"):
         table.add_column(col, justify="right")
     for n in PREFILL_LENGTHS:
-        a = n / median_seconds(lambda n=n: ours.prefill(n), args.runs)
-        b = n / median_seconds(lambda n=n: theirs.prefill(n), args.runs)
-        table.add_row(f"prefill {n} tok (tok/s)", f"{a:.0f}", f"{b:.0f}", f"{a / b:.2f}x")
+        for side in sides:  # warm-up: first touches and kernel selection are not steady state
+            side.prefill(n)
+        times = interleaved_medians(
+            [lambda side=side, n=n: seconds(lambda: side.prefill(n)) for side in sides], args.runs
+        )
+        rates = [n / t for t in times]
+        table.add_row(f"prefill {n} tok (tok/s)", *_figures(rates, "{:.0f}"))
     for batch in DECODE_BATCHES:
-        a = ours.decode_tokens_per_s(batch, args.steps)
-        b = theirs.decode_tokens_per_s(batch, args.steps)
-        table.add_row(f"decode batch {batch} (tok/s)", f"{a:.1f}", f"{b:.1f}", f"{a / b:.2f}x")
+        rates = interleaved_medians(
+            [
+                lambda side=side, batch=batch: side.decode_tokens_per_s(batch, args.steps)
+                for side in sides
+            ],
+            max(1, args.runs // 2),
+        )
+        table.add_row(f"decode batch {batch} (tok/s)", *_figures(rates, "{:.1f}"))
     console.print(table)
+
+
+def _figures(rates: list[float], fmt: str) -> list[str]:
+    ours, off, theirs = rates
+    return [
+        fmt.format(ours),
+        fmt.format(off),
+        fmt.format(theirs),
+        f"{ours / theirs:.2f}x",
+        f"{off / theirs:.2f}x",
+    ]
 
 
 if __name__ == "__main__":

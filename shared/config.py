@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -29,3 +30,7 @@ class EngineSettings(BaseSettings):
     device: str = Field(default="auto", description="cpu, cuda, cuda:N or auto")
     dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
     enable_prefix_caching: bool = True
+    cpu_kernels: Literal["auto", "off"] = Field(
+        default="auto",
+        description="auto: few-row matmuls read the GGUF's quantized blocks (fp32 on CPU)",
+    )

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from shared.config import EngineSettings
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
+from shared.engine.factory import load_model
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout
 from shared.model.files import ModelFiles, default_model_file, resolve_model
@@ -63,8 +65,15 @@ def hf_model() -> Any:
 
 
 @pytest.fixture(scope="session")
-def model(model_files: ModelFiles) -> LlamaForCausalLM:
-    """The real model, loaded once per test session and shared by every engine."""
+def model(model_files: ModelFiles, cache_dir: Path) -> LlamaForCausalLM:
+    """The real model as the services load it (with the CPU kernels where this machine can
+    build them), loaded once per test session and shared by every engine."""
+    return load_model(EngineSettings(cache_dir=cache_dir, device="cpu"), model_files)
+
+
+@pytest.fixture(scope="session")
+def torch_only_model(model_files: ModelFiles) -> LlamaForCausalLM:
+    """The real model with every matmul torch's: the fallback where the kernels are off."""
     return build_model(model_files.config, load_state_dict(model_files))
 
 
@@ -75,7 +84,7 @@ RealEngineFactory = Callable[..., LLMEngine]
 def make_real_engine(model: LlamaForCausalLM, model_files: ModelFiles) -> RealEngineFactory:
     """A fresh engine (its own empty KV pool and prefix cache) around the shared model."""
 
-    def make(**overrides: Any) -> LLMEngine:
+    def make(*, with_model: LlamaForCausalLM | None = None, **overrides: Any) -> LLMEngine:
         settings: dict[str, Any] = {
             "num_kv_blocks": 160,
             "max_model_len": model_files.config.max_position_embeddings,
@@ -83,7 +92,7 @@ def make_real_engine(model: LlamaForCausalLM, model_files: ModelFiles) -> RealEn
         }
         config = EngineConfig(**(settings | overrides))
         layout = KVLayout.for_model(model_files.config, config.block_size, "float32")
-        runner = ModelRunner(model, PagedKVCache(layout, config.num_kv_blocks))
+        runner = ModelRunner(with_model or model, PagedKVCache(layout, config.num_kv_blocks))
         return LLMEngine(runner, config, model_files.config.model_id)
 
     return make

@@ -11,10 +11,12 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout, num_blocks_for_bytes
+from shared.model import cpu_kernels
 from shared.model.files import ModelFiles, resolve_model
 from shared.model.kv_cache import PagedKVCache, torch_dtype
-from shared.model.llama import build_model
+from shared.model.llama import LlamaForCausalLM, build_model
 from shared.model.loader import load_state_dict
+from shared.model.quantized import GgmlBlocks, load_ggml_blocks
 from shared.model.tokenizer import Tokenizer
 
 
@@ -42,12 +44,35 @@ def pick_dtype(name: str, device: torch.device) -> str:
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
+def _ggml_blocks(settings: EngineSettings, files: ModelFiles) -> dict[str, GgmlBlocks] | None:
+    """The quantized blocks for the CPU kernels where they apply: fp32 on CPU, kernels on and
+    built; None otherwise (then every matmul is torch's)."""
+    if settings.cpu_kernels == "off":
+        return None
+    if pick_device(settings.device).type != "cpu":
+        return None
+    if pick_dtype(settings.dtype, torch.device("cpu")) != "float32":
+        return None
+    if not cpu_kernels.load(settings.cache_dir):
+        return None
+    return load_ggml_blocks(files)
+
+
+def load_model(settings: EngineSettings, files: ModelFiles) -> LlamaForCausalLM:
+    """The model of ``files`` on the settings' device and dtype, with the CPU kernels' weights
+    where they apply."""
+    device = pick_device(settings.device)
+    dtype = torch_dtype(pick_dtype(settings.dtype, device))
+    ggml = _ggml_blocks(settings, files)
+    return build_model(files.config, load_state_dict(files), device, dtype, ggml)
+
+
 def load_engine(settings: EngineSettings) -> LoadedEngine:
     files = resolve_model(settings.model, settings.cache_dir)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
     config = files.config
-    model = build_model(config, load_state_dict(files), device, torch_dtype(dtype))
+    model = load_model(settings, files)
     tokenizer = Tokenizer.from_dir(files.path)
     layout = KVLayout.for_model(config, settings.block_size, dtype)
     num_blocks = max(1, num_blocks_for_bytes(layout, settings.kv_cache_mb * 2**20))

@@ -26,7 +26,9 @@ GGUF_MAGIC = b"GGUF"
 # Written into a converted config.json so the folder remembers the id of its source file.
 MODEL_ID_KEY = "crescent_model_id"
 # Bumped whenever the converted folder changes shape, so older caches are not reused.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
+# Raw quantized blocks beside the fp32 weights, for the CPU kernels (see gguf_convert).
+GGML_BLOCKS_FILE = "ggml/blocks.safetensors"
 
 
 @dataclass(frozen=True, slots=True)

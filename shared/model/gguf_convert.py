@@ -1,8 +1,10 @@
 """One-time conversion of a llama.cpp GGUF file into a Hugging Face style model folder.
 
 The serving path never reads GGUF directly: dequantizing every start would cost seconds, while
-the converted fp32 safetensors folder loads in about one. ``transformers`` is imported here
-only, and only to turn the GGUF vocabulary into ``tokenizer.json``.
+the converted fp32 safetensors folder loads in about one. Weights quantized in a format the CPU
+kernels read (Q4_0, Q4_1, Q8_0) are also kept as their raw blocks in ``ggml/blocks.safetensors``.
+``transformers`` is imported here only, and only to turn the GGUF vocabulary into
+``tokenizer.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from safetensors.torch import save_file
 
 from shared.errors import ModelNotFoundError
 from shared.model.config import ModelConfig
-from shared.model.files import MODEL_ID_KEY, is_gguf_file
+from shared.model.files import GGML_BLOCKS_FILE, MODEL_ID_KEY, is_gguf_file
+from shared.model.quantized import GGML_TYPES
 
 # Extra key in config.json so the cached folder remembers the GGUF's name without reopening it.
 
@@ -121,6 +124,35 @@ def iter_hf_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, tor
         yield name, torch.from_numpy(np.ascontiguousarray(array))
 
 
+def iter_ggml_blocks(reader: Any, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor, int]]:
+    """The raw blocks ``[rows, bytes]`` and ggml type of every projection stored in a type the
+    CPU kernels read, under Hugging Face names, q/k rows in Hugging Face order."""
+    for tensor in reader.tensors:
+        qtype = int(tensor.tensor_type)
+        if qtype not in GGML_TYPES or len(tensor.shape) != 2:
+            continue
+        name = hf_tensor_name(tensor.name)
+        blocks = np.asarray(tensor.data)
+        # A block never spans two rows, so reordering q/k rows moves whole blocks.
+        if name.endswith("q_proj.weight"):
+            blocks = unpermute_rope(blocks, config.num_heads)
+        elif name.endswith("k_proj.weight"):
+            blocks = unpermute_rope(blocks, config.num_kv_heads)
+        yield name, torch.from_numpy(np.array(blocks, dtype=np.uint8)), qtype
+
+
+def _write_ggml_blocks(reader: Any, config: ModelConfig, out_dir: Path) -> None:
+    blocks: dict[str, torch.Tensor] = {}
+    types: dict[str, str] = {}
+    for name, tensor, qtype in iter_ggml_blocks(reader, config):
+        blocks[name] = tensor
+        types[name] = str(qtype)
+    if blocks:
+        path = out_dir / GGML_BLOCKS_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(blocks, str(path), metadata=types)
+
+
 def _write_tokenizer(source: Path, out_dir: Path, template: str | None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoTokenizer
@@ -149,7 +181,9 @@ def convert_gguf(source: Path, out_dir: Path) -> ModelConfig:
     template = _field(reader, "tokenizer.chat_template")
     tensors = dict(iter_hf_tensors(reader, config))
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    del tensors, reader
+    del tensors
+    _write_ggml_blocks(reader, config, out_dir)
+    del reader
     hf_config = {**config.to_hf_dict(), MODEL_ID_KEY: config.model_id}
     (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
     _write_tokenizer(source, out_dir, template)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shared.model.quantized import MAX_ROWS, PackedGgmlWeight
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm with a learned scale (torch's fused kernel: one op instead of six,
@@ -27,17 +29,45 @@ class Linear(nn.Module):
     the few-row inputs of decode steps, and no slower for long prefills. Wide projections can
     further be packed into oneDNN's blocked layout (``pack_for_cpu``), which is faster again
     when the output is much wider than the input: the MLP's gate/up and the vocabulary head.
+    A projection whose GGUF blocks the CPU kernels read also keeps them (``attach_ggml``) and
+    multiplies inputs of up to ``MAX_ROWS`` rows from those.
     """
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self._shape = (in_features, out_features)
         self._packed: torch.Tensor | None = None
+        self.ggml: PackedGgmlWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ggml is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS:
+            return self.ggml(x)
+        return self.torch_matmul(x)
+
+    def torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W`` by torch's BLAS on the fp32 weights, whatever the row count."""
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         return x @ self.weight
+
+    def attach_ggml(self, weight: PackedGgmlWeight) -> None:
+        """Few-row inputs are multiplied from ``weight``, which must hold this projection's
+        weights (``[out, in]``, the transpose of ``self.weight``)."""
+        if (weight.out_features, weight.in_features) != (self.out_features, self.in_features):
+            raise ValueError(
+                f"ggml weight [{weight.out_features}, {weight.in_features}] does not fit a "
+                f"projection {self.in_features} -> {self.out_features}"
+            )
+        self.ggml = weight
+
+    @property
+    def in_features(self) -> int:
+        return self._shape[0]
+
+    @property
+    def out_features(self) -> int:
+        return self._shape[1]
 
     def pack_for_cpu(self) -> bool:
         """Switches to a oneDNN-packed copy of the weight; False where that is unavailable.

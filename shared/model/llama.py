@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -9,6 +12,7 @@ from shared.model.attention import AttentionMetadata, paged_attention
 from shared.model.config import ModelConfig
 from shared.model.kv_cache import PagedKVCache
 from shared.model.layers import Linear, RMSNorm, RotaryEmbedding, swiglu
+from shared.model.quantized import GgmlBlocks, PackedGgmlWeight, stack_rows
 
 
 class LlamaAttention(nn.Module):
@@ -121,8 +125,13 @@ def build_model(
     weights: dict[str, torch.Tensor],
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
+    ggml: Mapping[str, GgmlBlocks] | None = None,
 ) -> LlamaForCausalLM:
-    """A ready-to-run model from Hugging Face-named weights, without a throwaway random init."""
+    """A ready-to-run model from Hugging Face-named weights, without a throwaway random init.
+
+    ``ggml`` (raw GGUF blocks by Hugging Face name, for an fp32 model on CPU with the kernels
+    loaded) lets the projections that have them multiply few-row inputs from their blocks.
+    """
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     fused = {
@@ -148,7 +157,33 @@ def build_model(
             if isinstance(module, LlamaMLP):
                 module.gate_up_proj.pack_for_cpu()
         model.lm_head.pack_for_cpu()
+    if ggml:
+        attach_ggml_weights(model, ggml)
     return model.eval()
+
+
+def attach_ggml_weights(model: LlamaForCausalLM, ggml: Mapping[str, GgmlBlocks]) -> int:
+    """Gives each projection whose every part has kernel-readable blocks its packed weight;
+    returns how many projections got one."""
+    config = model.config
+    head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
+    wiring: list[tuple[Linear, list[str]]] = [(model.lm_head, [head])]
+    for i, module in enumerate(model.layers):
+        layer = cast(LlamaDecoderLayer, module)
+        attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+        wiring += [
+            (layer.self_attn.qkv_proj, [f"{attn}.{p}_proj.weight" for p in "qkv"]),
+            (layer.self_attn.o_proj, [f"{attn}.o_proj.weight"]),
+            (layer.mlp.gate_up_proj, [f"{mlp}.{p}_proj.weight" for p in ("gate", "up")]),
+            (layer.mlp.down_proj, [f"{mlp}.down_proj.weight"]),
+        ]
+    attached = 0
+    for linear, names in wiring:
+        blocks = stack_rows([ggml.get(n) for n in names])
+        if blocks is not None:
+            linear.attach_ggml(PackedGgmlWeight(blocks))
+            attached += 1
+    return attached
 
 
 def _fuse_hf_weights(

@@ -1,0 +1,139 @@
+"""Crescent's own CPU kernels: compiled once per machine into the cache, then loaded in a blink.
+
+The kernels are C++ against torch's headers, built with the system's ``g++`` the first time a
+process wants them and kept as ``<cache>/kernels/<name>-<key>.so``; the key changes with the
+source, the flags and the torch version, so a stale build is never loaded. Where they cannot
+be built (no compiler, no AVX-512, not Linux on x86-64) ``load`` says why and returns False, and
+callers keep to torch's own operators, which give the same results a little slower.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("ggml_gemm.cpp")
+# -ffp-contract=off: the expansion of quantized weights must round a multiply and an add
+# separately, as the reference dequantizer does; the kernel spells out its own FMAs.
+CXXFLAGS = (
+    "-O3",
+    "-std=gnu++20",
+    "-shared",
+    "-fPIC",
+    "-fopenmp",
+    "-ffp-contract=off",
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+    "-mfma",
+    "-mf16c",
+)
+COMPILE_TIMEOUT_S = 600
+
+_loaded: bool | None = None
+
+
+def load(cache_dir: Path) -> bool:
+    """Makes ``torch.ops.crescent`` available in this process; False (logged) where it cannot."""
+    global _loaded
+    if _loaded is None:
+        reason = _unsupported_reason()
+        if reason is None:
+            try:
+                torch.ops.load_library(str(_built_library(cache_dir)))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                reason = f"building them failed: {exc}"
+        if reason is not None:
+            log.warning("CPU kernels off, torch matmuls used instead: %s", reason)
+        _loaded = reason is None
+    return _loaded
+
+
+def _unsupported_reason() -> str | None:
+    if sys.platform != "linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"they are built for Linux on x86-64, not {sys.platform} on {platform.machine()}"
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return "this CPU lacks AVX-512"
+    if shutil.which(_compiler()) is None:
+        return f"no C++ compiler {_compiler()!r} on PATH (set CXX to use another)"
+    return None
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX") or "g++"
+
+
+def _torch_dirs() -> tuple[Path, Path]:
+    root = Path(torch.__file__).parent
+    return root / "include", root / "lib"
+
+
+def _command(output: Path) -> list[str]:
+    include, lib = _torch_dirs()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [
+        _compiler(),
+        *CXXFLAGS,
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{include}",
+        str(SOURCE),
+        f"-L{lib}",
+        "-lc10",
+        "-ltorch_cpu",
+        "-o",
+        str(output),
+    ]
+
+
+def library_path(cache_dir: Path) -> Path:
+    """Where the build for this source, these flags and this torch lives in the cache."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update("\0".join((*CXXFLAGS, _compiler(), torch.__version__)).encode())
+    return cache_dir / "kernels" / f"{SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+
+
+def _built_library(cache_dir: Path) -> Path:
+    target = library_path(cache_dir)
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Services starting together on one machine build once; the others wait and load it.
+    with (target.parent / ".build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.is_file():
+            _compile(target)
+    return target
+
+
+def _compile(target: Path) -> None:
+    log.info("Building CPU kernels into %s (once per machine)", target)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.stem}.", suffix=".so", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        done = subprocess.run(
+            _command(tmp), capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S
+        )
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.splitlines() if "error" in line]
+            raise RuntimeError("; ".join(errors[:3]) or done.stderr[-500:])
+        # mkstemp makes the file private; the cache is as readable as any other.
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()

@@ -157,7 +157,7 @@ def main() -> None:
                 lambda side=side, batch=batch: side.decode_tokens_per_s(batch, args.steps)
                 for side in sides
             ],
-            max(1, args.runs // 2),
+            max(1, (args.runs + 1) // 2),
         )
         table.add_row(f"decode batch {batch} (tok/s)", *_figures(rates, "{:.1f}"))
     console.print(table)

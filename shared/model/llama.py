@@ -159,6 +159,11 @@ def build_model(
         model.lm_head.pack_for_cpu()
     if ggml:
         attach_ggml_weights(model, ggml)
+        # Few-row inputs now go to the kernels, so the fused QKV's fp32 copy serves only long
+        # inputs, for which oneDNN's packed layout is faster too (at few rows it was slower).
+        for module in model.modules():
+            if isinstance(module, LlamaAttention) and module.qkv_proj.ggml is not None:
+                module.qkv_proj.pack_for_cpu()
     return model.eval()
 
 

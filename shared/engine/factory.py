@@ -44,14 +44,12 @@ def pick_dtype(name: str, device: torch.device) -> str:
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
-def _ggml_blocks(settings: EngineSettings, files: ModelFiles) -> dict[str, GgmlBlocks] | None:
+def _ggml_blocks(
+    settings: EngineSettings, files: ModelFiles, device: torch.device, dtype: str
+) -> dict[str, GgmlBlocks] | None:
     """The quantized blocks for the CPU kernels where they apply: fp32 on CPU, kernels on and
     built; None otherwise (then every matmul is torch's)."""
-    if settings.cpu_kernels == "off":
-        return None
-    if pick_device(settings.device).type != "cpu":
-        return None
-    if pick_dtype(settings.dtype, torch.device("cpu")) != "float32":
+    if settings.cpu_kernels == "off" or device.type != "cpu" or dtype != "float32":
         return None
     if not cpu_kernels.load(settings.cache_dir):
         return None
@@ -62,9 +60,9 @@ def load_model(settings: EngineSettings, files: ModelFiles) -> LlamaForCausalLM:
     """The model of ``files`` on the settings' device and dtype, with the CPU kernels' weights
     where they apply."""
     device = pick_device(settings.device)
-    dtype = torch_dtype(pick_dtype(settings.dtype, device))
-    ggml = _ggml_blocks(settings, files)
-    return build_model(files.config, load_state_dict(files), device, dtype, ggml)
+    dtype = pick_dtype(settings.dtype, device)
+    ggml = _ggml_blocks(settings, files, device, dtype)
+    return build_model(files.config, load_state_dict(files), device, torch_dtype(dtype), ggml)
 
 
 def load_engine(settings: EngineSettings) -> LoadedEngine:

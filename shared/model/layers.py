@@ -96,6 +96,17 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
         super().__init__()
+        # Computed on the CPU even inside a meta-device context: the tables need real values,
+        # and tracing these ops on meta would import torch._dynamo (over a second of a start).
+        with torch.device("cpu"):
+            cos, sin = self._tables(head_dim, max_positions, theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    @staticmethod
+    def _tables(
+        head_dim: int, max_positions: int, theta: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
         inv_freq = 1.0 / (theta**exponents)
         positions = torch.arange(max_positions, dtype=torch.float32)
@@ -103,8 +114,7 @@ class RotaryEmbedding(nn.Module):
         angles = torch.cat((freqs, freqs), dim=-1)
         sin = angles.sin()
         sin[:, : head_dim // 2].neg_()
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        return angles.cos(), sin
 
     def tables(
         self, positions: torch.Tensor, dtype: torch.dtype

@@ -93,7 +93,10 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # Given an (empty) weight, Embedding skips its random init, which on the meta device
+        # would import torch._dynamo: over a second of every start.
+        shape = (config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(*shape, _weight=torch.empty(shape))
         self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rope = RotaryEmbedding(
@@ -148,8 +151,7 @@ def build_model(
     if missing:
         raise ValueError(f"missing weights: {sorted(missing)[:5]}")
     model.load_state_dict(fused, strict=False, assign=True)
-    # Buffers made on the meta device hold no values: compute the rotary tables for real.
-    model.rope = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+    # The rotary tables were computed on the CPU even under the meta device (see RotaryEmbedding).
     model.rope.to(device)
     if torch.device(device).type == "cpu":
         # Only the projections much wider than their input gain from oneDNN's packed layout.
@@ -167,9 +169,8 @@ def build_model(
     return model.eval()
 
 
-def attach_ggml_weights(model: LlamaForCausalLM, ggml: Mapping[str, GgmlBlocks]) -> int:
-    """Gives each projection whose every part has kernel-readable blocks its packed weight;
-    returns how many projections got one."""
+def attach_ggml_weights(model: LlamaForCausalLM, ggml: Mapping[str, GgmlBlocks]) -> None:
+    """Gives each projection whose every part has kernel-readable blocks its packed weight."""
     config = model.config
     head = "model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"
     wiring: list[tuple[Linear, list[str]]] = [(model.lm_head, [head])]
@@ -182,13 +183,10 @@ def attach_ggml_weights(model: LlamaForCausalLM, ggml: Mapping[str, GgmlBlocks])
             (layer.mlp.gate_up_proj, [f"{mlp}.{p}_proj.weight" for p in ("gate", "up")]),
             (layer.mlp.down_proj, [f"{mlp}.down_proj.weight"]),
         ]
-    attached = 0
     for linear, names in wiring:
         blocks = stack_rows([ggml.get(n) for n in names])
         if blocks is not None:
             linear.attach_ggml(PackedGgmlWeight(blocks))
-            attached += 1
-    return attached
 
 
 def _fuse_hf_weights(

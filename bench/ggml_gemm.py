@@ -42,24 +42,23 @@ def main() -> None:
     args = parser.parse_args()
     settings = EngineSettings(device="cpu")
     model = load_model(settings, resolve_model(settings.model, settings.cache_dir))
-    linears = [m for m in model.modules() if isinstance(m, Linear) and m.ggml is not None]
-    if not linears:
+    pairs = [(m, m.ggml) for m in model.modules() if isinstance(m, Linear) and m.ggml is not None]
+    if not pairs:
         raise SystemExit("the CPU kernels are not available on this machine (see the log)")
-    weight_mb = sum(m.ggml.packed.numel() for m in linears if m.ggml is not None) / 2**20
-    table = Table(title=f"{len(linears)} projections, one pass ({weight_mb:.0f} MB of blocks)")
+    weight_mb = sum(w.packed.numel() for _, w in pairs) / 2**20
+    table = Table(title=f"{len(pairs)} projections, one pass ({weight_mb:.0f} MB of blocks)")
     for col in ("rows", "kernels (ms)", "torch fp32 (ms)", "speed-up"):
         table.add_column(col, justify="right")
     with torch.inference_mode():
         for m in args.rows:
-            inputs = [torch.randn(m, lin.in_features) for lin in linears]
+            inputs = [torch.randn(m, lin.in_features) for lin, _ in pairs]
 
             def kernels(inputs: list[torch.Tensor] = inputs) -> None:
-                for lin, x in zip(linears, inputs, strict=True):
-                    assert lin.ggml is not None
-                    lin.ggml(x)
+                for (_, weight), x in zip(pairs, inputs, strict=True):
+                    weight(x)
 
             def fp32(inputs: list[torch.Tensor] = inputs) -> None:
-                for lin, x in zip(linears, inputs, strict=True):
+                for (lin, _), x in zip(pairs, inputs, strict=True):
                     lin.torch_matmul(x)
 
             ours, theirs = best_pass_ms(kernels, args.passes), best_pass_ms(fp32, args.passes)

@@ -57,13 +57,13 @@ class PinServer:
         pin_id = f"pin-{uuid.uuid4().hex}"
         exchange = self.engine.engine.exchange
         pinned = await self.engine.call_now(lambda: exchange.pin(pin_id, hashes)) if hashes else []
-        if pinned:
-            block_ids = [b for b, _ in pinned]
+        block_ids = [b for b, _ in pinned]
+        if block_ids:
             self.leases.grant(pin_id, pin_id, block_ids, time.monotonic(), pinned=True)
             self.pins_served += 1
         return PinReply(
-            lease_id=pin_id if pinned else "",
-            block_ids=[b for b, _ in pinned],
+            lease_id=pin_id if block_ids else "",
+            block_ids=block_ids,
             block_checksums=[c for _, c in pinned],
             transfer_kind=self.transfer_kind,
             transfer_address=self.transfer_address,

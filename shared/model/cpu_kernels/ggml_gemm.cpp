@@ -31,7 +31,8 @@ constexpr int64_t kBlock = 32;  // weights per block, for all three types
 constexpr int kRowsPerTile = 3;  // weight rows expanded together: 3 x 8 accumulators fit
 constexpr int kMaxXRows = 8;  // rows of x per pass over a tile
 // How far ahead of the expansion the weight stream is prefetched. The hardware prefetcher
-// alone leaves the loop waiting on memory; 8 KiB measured fastest among 0.5 to 32 KiB.
+// alone leaves the loop waiting on memory; a few KiB ahead keeps it fed (to compare distances,
+// change this and rerun bench/ggml_gemm.py, which rebuilds the library).
 constexpr int64_t kPrefetchBytes = 8192;
 
 int64_t scale_count(int64_t qtype) { return qtype == kQ4_1 ? 2 : 1; }

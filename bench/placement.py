@@ -15,8 +15,9 @@ from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.lookup import PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
+from shared.cluster_messages import PrefillTask
 from shared.kv.hashing import root_hash, scope_salt
-from shared.messages import GenerateRequest, PrefillTask, SamplingSpec, TokenChunk
+from shared.messages import GenerateRequest, SamplingSpec, TokenChunk
 from shared.rpc.client import CacheMetaClient
 
 MODEL, BLOCK_TOKENS, KV_DTYPE = "bench-model", 32, "float32"

@@ -190,7 +190,7 @@ async def _await_heartbeats(
 ) -> set[str]:
     from shared import subjects
     from shared.bus import Bus
-    from shared.messages import NodeStatus
+    from shared.cluster_messages import NodeStatus
 
     seen: set[str] = set()
     bus = await Bus.connect(nats_url, "crescent-up")

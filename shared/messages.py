@@ -1,4 +1,6 @@
-"""Typed wire messages between services (msgspec, JSON on the bus).
+"""Typed wire messages of a request's path (msgspec, JSON on the bus): what the gateway sends,
+what comes back, and the checks that keep a stream whole. The cluster's own messages
+(heartbeats, hand-offs between nodes, pins) are in ``shared.cluster_messages``.
 
 Every message carries ``v``, the wire version; a receiver rejects messages from a newer major
 version instead of misreading them. Unknown fields are ignored, so a sender may add optional
@@ -7,13 +9,27 @@ fields without a version bump.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
+from msgspec import Meta
 
 from shared.sampling_params import SamplingParams
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+
+# Range limits of wire fields. A message outside them fails to decode, so a forged or absurd
+# value is dropped at the edge (and logged by the bus) instead of reaching any decision.
+Id = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_\-]{1,160}$")]
+OptionalId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_\-]{0,160}$")]
+Count = Annotated[int, Meta(ge=0, le=1 << 40)]
+TokenId = Annotated[int, Meta(ge=0, lt=1 << 31)]
+Seconds = Annotated[float, Meta(ge=0.0, le=1e7)]
+Timestamp = Annotated[float, Meta(ge=0.0, le=1e11)]
+HttpStatus = Annotated[int, Meta(ge=400, le=599)]
+Text = Annotated[str, Meta(max_length=4096)]
+ShortText = Annotated[str, Meta(max_length=256)]
+MAX_PROMPT_TOKENS = 1 << 20
 
 
 class WireMessage(msgspec.Struct, kw_only=True):
@@ -21,16 +37,24 @@ class WireMessage(msgspec.Struct, kw_only=True):
 
 
 class SamplingSpec(msgspec.Struct, kw_only=True):
-    """The wire form of ``SamplingParams``."""
+    """The wire form of ``SamplingParams`` (whose checks run again when a node converts it).
 
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-    logprobs: int | None = None
-    stop_token_ids: list[int] = msgspec.field(default_factory=list)
+    ``output_offset`` is the position of this sequence's first token in the whole completion:
+    0, except for a request resumed after its first node was lost, whose seeded draws then
+    continue exactly where they stopped.
+    """
+
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_PROMPT_TOKENS)]
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Meta(ge=-1, le=1 << 31)] = 0
+    seed: Annotated[int, Meta(ge=0, lt=1 << 63)] | None = None
+    logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = msgspec.field(
+        default_factory=list
+    )
     ignore_eos: bool = False
+    output_offset: Annotated[int, Meta(ge=0, le=MAX_PROMPT_TOKENS)] = 0
 
     def to_params(self) -> SamplingParams:
         return SamplingParams(
@@ -42,6 +66,7 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
             logprobs=self.logprobs,
             stop_token_ids=tuple(self.stop_token_ids),
             ignore_eos=self.ignore_eos,
+            output_offset=self.output_offset,
         )
 
     @classmethod
@@ -55,155 +80,118 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
             logprobs=p.logprobs,
             stop_token_ids=list(p.stop_token_ids),
             ignore_eos=p.ignore_eos,
+            output_offset=p.output_offset,
         )
 
 
 class GenerateRequest(WireMessage, kw_only=True):
     """One sequence to generate. The gateway turns an OpenAI request with ``n`` choices into
-    ``n`` of these (ids ``<id>-0``, ``<id>-1``, ...)."""
+    ``n`` of these (ids ``<id>-0``, ``<id>-1``, ...); a resumed one gets a new id
+    (``<id>-0-r1``), its prompt extended by the tokens the client already has.
 
-    request_id: str
-    tenant: str
-    prompt_token_ids: list[int]
-    sampling: SamplingSpec
-    cache_salt: str = ""
-    arrival_ts: float = 0.0
-
-
-class PullPlan(msgspec.Struct, kw_only=True):
-    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` are cached on ``node_id``."""
-
-    node_id: str
-    first_block: int
-    num_blocks: int
-
-
-class PrefillTask(WireMessage, kw_only=True):
-    """scheduler -> prefill node: compute the prompt, then hand the KV to ``decode_node``.
-
-    ``pulls`` name peers holding blocks of the prompt that this node lacks: it loads them from
-    there before computing the rest. ``predicted_ttft_s`` is the scheduler's estimate.
+    ``gateway_id`` names the gateway whose client waits (nodes check it is still there);
+    ``deadline_ts`` is the wall-clock time after which nobody waits (0: none); ``resume``
+    marks the continuation of an accepted request, which admission control never refuses.
     """
 
-    request: GenerateRequest
-    decode_node: str
-    pulls: list[PullPlan] = msgspec.field(default_factory=list)
-    predicted_ttft_s: float = 0.0
+    request_id: Id
+    tenant: ShortText
+    prompt_token_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_PROMPT_TOKENS)]
+    sampling: SamplingSpec
+    cache_salt: ShortText = ""
+    arrival_ts: Timestamp = 0.0
+    gateway_id: OptionalId = ""
+    deadline_ts: Timestamp = 0.0
+    resume: bool = False
 
 
-class PinRequest(WireMessage, kw_only=True):
-    """prefill node -> peer prefill node: hold these cached blocks (a chain, first block
-    first) until I have pulled them."""
+class SubmitReply(WireMessage, kw_only=True):
+    """scheduler -> gateway: the request is with ``prefill_node`` (``accepted``), or why not:
+    ``error_code`` is the HTTP status its client should see (429 with ``retry_after_s``: over
+    capacity; 503: no node can serve it; 400: a value no node accepts)."""
 
-    block_hashes: list[bytes]
-
-
-class PinReply(WireMessage, kw_only=True):
-    """The leading blocks of a ``PinRequest`` the peer still had, held under ``lease_id``
-    until a ``LeaseRelease`` or the lease's expiry. Empty ``block_ids``: none of them."""
-
-    lease_id: str
-    block_ids: list[int]
-    block_checksums: list[int]
-    transfer_kind: str
-    transfer_address: bytes
+    accepted: bool
+    prefill_node: OptionalId = ""
+    prefill_epoch: OptionalId = ""
+    decode_node: OptionalId = ""
+    error: Text = ""
+    error_code: HttpStatus | None = None
+    retry_after_s: Seconds | None = None
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
-    token_id: int
+    token_id: TokenId
     logprob: float
-    top: list[tuple[int, float]]
-
-
-class KVHandoff(WireMessage, kw_only=True):
-    """prefill -> decode: the prompt is computed and its KV waits under ``lease_id``.
-
-    ``block_ids`` are the prefill node's blocks covering the prompt's computed tokens, in
-    order; ``block_checksums`` let the decode node verify every pulled block.
-    """
-
-    request: GenerateRequest
-    first_token: int
-    prefill_node: str
-    transfer_kind: str
-    transfer_address: bytes
-    lease_id: str
-    block_ids: list[int]
-    block_checksums: list[int]
-    num_cached_tokens: int = 0
-
-
-class LeaseRelease(WireMessage, kw_only=True):
-    """decode -> prefill: the blocks under ``lease_id`` were pulled or will never be."""
-
-    lease_id: str
+    top: Annotated[list[tuple[TokenId, float]], Meta(max_length=20)]
 
 
 class TokenChunk(WireMessage, kw_only=True):
-    """Output of one request. ``index`` is the position of ``token_ids[0]`` among the output
-    tokens, so a receiver can order chunks from the prefill and the decode node.
+    """Output of one request. ``index`` is the position of ``token_ids[0]`` in the whole
+    completion (resumed requests included), so a receiver can order chunks from the prefill
+    and the decode node and see a gap.
 
     A chunk with ``error`` ends the request; ``error_code`` is an HTTP status (429: overloaded,
     503: no node can serve it) and ``retry_after_s`` tells a rejected client when to try again.
+    ``node_id``/``epoch`` name the producer. A chunk with ``owner`` set (and no tokens) says
+    that node serves the request from now on; one with ``migrate`` says the producer gives the
+    request up, and it should be resumed from ``index``.
     """
 
-    request_id: str
-    index: int
-    token_ids: list[int]
+    request_id: Id
+    index: Annotated[int, Meta(ge=0, le=MAX_PROMPT_TOKENS)]
+    token_ids: Annotated[list[TokenId], Meta(max_length=MAX_PROMPT_TOKENS)]
     logprobs: list[TokenLogprob] | None = None
-    finish_reason: str | None = None
-    num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0
-    error: str | None = None
-    error_code: int | None = None
-    retry_after_s: float | None = None
+    finish_reason: Annotated[str, Meta(max_length=32)] | None = None
+    num_prompt_tokens: Count = 0
+    num_cached_tokens: Count = 0
+    error: Text | None = None
+    error_code: HttpStatus | None = None
+    retry_after_s: Seconds | None = None
+    node_id: OptionalId = ""
+    epoch: OptionalId = ""
+    owner: OptionalId = ""
+    owner_epoch: OptionalId = ""
+    migrate: bool = False
 
 
 class AbortRequest(WireMessage, kw_only=True):
-    request_id: str
+    request_id: Id
 
 
-class StepSample(msgspec.Struct, array_like=True):
-    """One engine step: sequences in the batch, tokens computed, context tokens attended
-    over (tokens already in the KV cache of the batch), and its wall time."""
+class ReplayRequest(WireMessage, kw_only=True):
+    """gateway -> node: send me ``request_id``'s output from ``from_index`` on."""
 
-    num_seqs: int
-    num_tokens: int
-    num_context_tokens: int
-    seconds: float
+    request_id: Id
+    from_index: Annotated[int, Meta(ge=0, le=MAX_PROMPT_TOKENS)]
 
 
-class NodeStatus(WireMessage, kw_only=True):
-    """A node's heartbeat: who it is, where to pull from it, and how loaded it is.
+class ReplayReply(WireMessage, kw_only=True):
+    """The node's record of a request: ``known`` False when it never had it or forgot it;
+    ``running`` while it still produces tokens. ``token_ids`` start at ``index``."""
 
-    ``model_id``, ``block_size`` and ``kv_dtype`` let a scheduler compute the node's block
-    hashes; ``step_samples`` are the engine steps since the last beat (the data of the
-    scheduler's time model); ``fetch_bandwidth`` is the measured bytes/s of this node's pulls,
-    per source node.
-    """
+    known: bool
+    running: bool = False
+    index: Annotated[int, Meta(ge=0, le=MAX_PROMPT_TOKENS)] = 0
+    token_ids: Annotated[list[TokenId], Meta(max_length=MAX_PROMPT_TOKENS)] = msgspec.field(
+        default_factory=list
+    )
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: Annotated[str, Meta(max_length=32)] | None = None
+    num_cached_tokens: Count = 0
+    error: Text | None = None
+    error_code: HttpStatus | None = None
 
-    node_id: str
-    role: str
-    transfer_kind: str = ""
-    transfer_address: bytes = b""
-    queued_tokens: int = 0
-    running_seqs: int = 0
-    free_blocks: int = 0
-    total_blocks: int = 0
-    block_size: int = 32
-    draining: bool = False
-    ts: float = 0.0
-    kv_bytes_sent: int = 0
-    kv_bytes_received: int = 0
-    pid: int = 0
-    model_id: str = ""
-    kv_dtype: str = ""
-    block_bytes: int = 0
-    max_num_batched_tokens: int = 0
-    prompt_tokens_computed: int = 0
-    prompt_tokens_cached: int = 0
-    step_samples: list[StepSample] = msgspec.field(default_factory=list)
-    fetch_bandwidth: dict[str, float] = msgspec.field(default_factory=dict)
+
+class GatewayCheck(WireMessage, kw_only=True):
+    """node -> gateway: are these requests of yours still wanted?"""
+
+    request_ids: Annotated[list[Id], Meta(max_length=4096)]
+
+
+class GatewayCheckReply(WireMessage, kw_only=True):
+    """The ids of a ``GatewayCheck`` the gateway no longer waits for."""
+
+    unknown: Annotated[list[Id], Meta(max_length=4096)]
 
 
 M = TypeVar("M", bound=WireMessage)

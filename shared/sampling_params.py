@@ -16,6 +16,8 @@ class SamplingParams:
     ``temperature == 0`` means greedy. ``top_k <= 0`` and ``top_p == 1`` disable those filters.
     ``logprobs`` is the number of most likely alternatives to report per token (``None``: no
     logprobs at all; ``0``: only the chosen token's). ``seed`` makes sampling reproducible.
+    ``output_offset`` is the position in the whole completion of the first token this sequence
+    generates: non-zero only for a request resumed on another node after its first was lost.
     """
 
     max_tokens: int = 16
@@ -26,6 +28,7 @@ class SamplingParams:
     logprobs: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    output_offset: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -52,6 +55,11 @@ class SamplingParams:
         if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
             raise InvalidRequestError(
                 f"seed must be a non-negative 63-bit integer, got {self.seed!r}", "seed"
+            )
+        if not isinstance(self.output_offset, int) or self.output_offset < 0:
+            raise InvalidRequestError(
+                f"output_offset must be a non-negative integer, got {self.output_offset!r}",
+                "output_offset",
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(

@@ -1,44 +1,75 @@
 """Every NATS subject Crescent uses, in one place. Services meet only here and on the wire types
-of ``shared.messages``."""
+of ``shared.messages``.
+
+Hand-offs that move a request between services are NATS request/reply: the receiver answers
+once it owns the work (``SubmitReply``, ``TaskAck``), so a sender always knows whether its
+hand-off landed and places it elsewhere when it did not. Subjects that name a node or a
+gateway end in its id, which lets NATS permissions confine each role to its own subjects.
+"""
 
 from __future__ import annotations
 
 PREFIX = "crescent"
 
-#: gateway -> scheduler: new requests, load-balanced over the scheduler queue group.
+#: gateway -> scheduler (request/reply, queue group ``SCHEDULER_QUEUE``): a GenerateRequest;
+#: the reply (SubmitReply) comes once a prefill node has accepted it, or says why not.
 REQUESTS = f"{PREFIX}.requests"
 SCHEDULER_QUEUE = "scheduler"
 
-#: anyone -> everyone: a request was cancelled (client gone, deadline passed).
+#: anyone -> everyone: a request was cancelled (client gone, deadline passed, resumed elsewhere).
 ABORTS = f"{PREFIX}.aborts"
 
-#: every node -> scheduler: liveness and load, published every heartbeat interval.
+#: every service -> everyone: liveness and load, on ``heartbeats.<role>.<id>``.
 HEARTBEATS = f"{PREFIX}.heartbeats"
+HEARTBEATS_ALL = f"{HEARTBEATS}.>"
+
+#: the NATS server -> everyone: a client connection closed (its system account's DISCONNECT
+#: advisory, imported into the deployment's account under this name where configured).
+DISCONNECTS = f"{PREFIX}.events.disconnect"
+
+ROLES = ("gateway", "scheduler", "prefill", "decode")
+
+
+def heartbeats(role: str, node_id: str) -> str:
+    """Where ``node_id`` of ``role`` publishes its NodeStatus."""
+    return f"{HEARTBEATS}.{role}.{node_id}"
 
 
 def prefill_tasks(node_id: str) -> str:
-    """scheduler -> one prefill node."""
+    """scheduler -> one prefill node (request/reply): a PrefillTask, answered by a TaskAck."""
     return f"{PREFIX}.prefill.{node_id}"
 
 
 def decode_tasks(node_id: str) -> str:
-    """prefill node -> one decode node: a finished prefill whose KV is ready to pull."""
+    """prefill node -> one decode node (request/reply): a KVHandoff, answered by a TaskAck."""
     return f"{PREFIX}.decode.{node_id}"
 
 
 def lease_releases(node_id: str) -> str:
-    """decode node -> the prefill node holding a lease: the blocks were pulled (or given up)."""
+    """puller -> the node holding a lease: the blocks were pulled (or given up)."""
     return f"{PREFIX}.leases.{node_id}"
 
 
 def peer_pins(node_id: str) -> str:
-    """prefill node -> a peer prefill node (request/reply): hold cached blocks for a pull."""
+    """puller -> a node caching blocks (request/reply): hold them for a pull."""
     return f"{PREFIX}.pins.{node_id}"
+
+
+def replays(node_id: str) -> str:
+    """gateway -> the node serving a request (request/reply): its output from a position on,
+    to fill a gap in the stream or to learn whether the node still has the request."""
+    return f"{PREFIX}.replay.{node_id}"
 
 
 def tokens(request_id: str) -> str:
     """prefill and decode nodes -> the gateway serving the request: its output, in chunks."""
     return f"{PREFIX}.tokens.{request_id}"
+
+
+def gateway_checks(gateway_id: str) -> str:
+    """node -> the gateway a request came from (request/reply): which of these ids do you still
+    wait for? No responder means the gateway is gone, and so are its clients."""
+    return f"{PREFIX}.gateway.{gateway_id}.check"
 
 
 def check_token(value: str, what: str) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.node import NodeSettings
+from shared.node.settings import NodeSettings
 
 
 class DecodeSettings(NodeSettings):

@@ -11,13 +11,14 @@ from typing import Any, Literal
 
 from shared import subjects
 from shared.bus import Bus
+from shared.cluster_messages import KVHandoff, LeaseRelease
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.types import ImportSlot, RequestOutput
 from shared.errors import InvalidRequestError
 from shared.kv.hashing import block_checksum
-from shared.messages import AbortRequest, KVHandoff, LeaseRelease
+from shared.messages import AbortRequest
 from shared.model.kv_cache import PagedKVCache
-from shared.node import FetchBandwidth, error_chunk, output_chunk, request_salt
+from shared.node.common import FetchBandwidth, error_chunk, output_chunk, request_salt
 from shared.transfer.base import TransferClient, TransferError, create_client
 
 log = logging.getLogger(__name__)

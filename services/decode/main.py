@@ -12,11 +12,12 @@ import numpy as np
 from services.decode.config import DecodeSettings
 from services.decode.handlers import DecodeHandlers
 from shared import subjects
+from shared.cluster_messages import KVHandoff, LeaseRelease, NodeStatus, PinRequest
 from shared.engine.types import RequestOutput
-from shared.leases import LeaseTable
-from shared.messages import AbortRequest, KVHandoff, LeaseRelease, NodeStatus, PinRequest
-from shared.node_runtime import NodeRuntime
-from shared.pins import PinServer
+from shared.messages import AbortRequest
+from shared.node.leases import LeaseTable
+from shared.node.pins import PinServer
+from shared.node.runtime import NodeRuntime
 from shared.runtime import run_service
 from shared.transfer.base import create_server
 

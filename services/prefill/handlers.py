@@ -14,23 +14,17 @@ import numpy as np
 from services.prefill.peers import FetchedPrefix, PeerFetcher
 from shared import subjects
 from shared.bus import Bus
+from shared.cluster_messages import KVHandoff, LeaseRelease, PinReply, PinRequest, PrefillTask
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.sequence import FinishReason
 from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.kv.hashing import block_checksum
-from shared.leases import Lease, LeaseTable
-from shared.messages import (
-    AbortRequest,
-    KVHandoff,
-    LeaseRelease,
-    PinReply,
-    PinRequest,
-    PrefillTask,
-)
+from shared.messages import AbortRequest
 from shared.model.kv_cache import PagedKVCache
-from shared.node import error_chunk, output_chunk, request_salt
-from shared.pins import PinServer
+from shared.node.common import error_chunk, output_chunk, request_salt
+from shared.node.leases import Lease, LeaseTable
+from shared.node.pins import PinServer
 
 log = logging.getLogger(__name__)
 

@@ -12,10 +12,11 @@ from services.prefill.config import PrefillSettings
 from services.prefill.handlers import PrefillHandlers
 from services.prefill.peers import PeerFetcher
 from shared import subjects
+from shared.cluster_messages import LeaseRelease, NodeStatus, PinRequest, PrefillTask
 from shared.engine.types import RequestOutput
-from shared.leases import LeaseTable
-from shared.messages import AbortRequest, LeaseRelease, NodeStatus, PinRequest, PrefillTask
-from shared.node_runtime import NodeRuntime
+from shared.messages import AbortRequest
+from shared.node.leases import LeaseTable
+from shared.node.runtime import NodeRuntime
 from shared.runtime import run_service
 from shared.transfer.base import create_server
 

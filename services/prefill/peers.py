@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 from shared import subjects
 from shared.bus import Bus, BusRequestError
+from shared.cluster_messages import LeaseRelease, PinReply, PinRequest, PullPlan
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.cache_exchange import PrefixImport
 from shared.kv.hashing import BlockHash, block_checksum
-from shared.messages import LeaseRelease, PinReply, PinRequest, PullPlan
 from shared.model.kv_cache import PagedKVCache
-from shared.node import FetchBandwidth
+from shared.node.common import FetchBandwidth
 from shared.transfer.base import TransferClient, TransferError, create_client
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,9 @@ from services.scheduler.policy import (
 )
 from shared import subjects
 from shared.bus import Bus
+from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan
 from shared.kv.hashing import BlockHash
-from shared.messages import GenerateRequest, NodeStatus, PrefillTask, PullPlan, TokenChunk
+from shared.messages import GenerateRequest, TokenChunk
 from shared.rpc.types import PrefixHolder
 
 log = logging.getLogger(__name__)

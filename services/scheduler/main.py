@@ -11,7 +11,8 @@ from services.scheduler.lookup import PrefixIndex, PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
 from shared import subjects
 from shared.bus import Bus
-from shared.messages import GenerateRequest, NodeStatus
+from shared.cluster_messages import NodeStatus
+from shared.messages import GenerateRequest
 from shared.ops_http import OpsServer
 from shared.runtime import run_service
 

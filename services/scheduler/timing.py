@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from services.scheduler.fit import Moments, fit
-from shared.messages import StepSample
+from shared.cluster_messages import StepSample
 
 
 def attention_work(num_seqs: int, num_tokens: int, num_context_tokens: int) -> float:

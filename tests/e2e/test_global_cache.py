@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from shared.messages import NodeStatus
+from shared.cluster_messages import NodeStatus
 from tests.e2e.cachemeta_proc import CacheMetaProcess, catalogue_stats
 from tests.e2e.conftest import ALICE_KEY, BOB_KEY, stack_env
 from tests.e2e.stack import Stack, collect_logs

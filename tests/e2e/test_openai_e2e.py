@@ -16,7 +16,7 @@ from openai import AsyncOpenAI, OpenAI
 
 from shared import subjects
 from shared.bus import Bus
-from shared.messages import NodeStatus
+from shared.cluster_messages import NodeStatus
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 from tests.conftest import RealEngineFactory

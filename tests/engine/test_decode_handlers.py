@@ -12,10 +12,11 @@ import pytest
 
 from services.decode.handlers import DecodeHandlers
 from shared import subjects
+from shared.cluster_messages import KVHandoff, LeaseRelease
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import LLMEngine
 from shared.kv.hashing import block_checksum
-from shared.messages import GenerateRequest, KVHandoff, LeaseRelease, SamplingSpec, TokenChunk
+from shared.messages import GenerateRequest, SamplingSpec, TokenChunk
 from shared.transfer.base import create_server
 from tests.engine.conftest import EngineFactory
 from tests.engine.test_engine_scheduling import prompts

@@ -15,19 +15,12 @@ from services.prefill.handlers import PrefillHandlers
 from services.prefill.peers import PeerFetcher
 from shared import subjects
 from shared.bus import Bus
+from shared.cluster_messages import LeaseRelease, PinRequest, PrefillTask, PullPlan
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import LLMEngine
-from shared.leases import LeaseTable
-from shared.messages import (
-    GenerateRequest,
-    LeaseRelease,
-    PinRequest,
-    PrefillTask,
-    PullPlan,
-    SamplingSpec,
-    TokenChunk,
-)
-from shared.node import FetchBandwidth
+from shared.messages import GenerateRequest, SamplingSpec, TokenChunk
+from shared.node.common import FetchBandwidth
+from shared.node.leases import LeaseTable
 from shared.sampling_params import SamplingParams
 from shared.transfer.base import TransferServer, create_server
 from tests.engine.conftest import EngineFactory

@@ -15,14 +15,8 @@ from services.scheduler.lookup import HashScope, prompt_block_hashes
 from services.scheduler.main import SchedulerService
 from shared import subjects
 from shared.bus import Bus
-from shared.messages import (
-    GenerateRequest,
-    NodeStatus,
-    PrefillTask,
-    PullPlan,
-    SamplingSpec,
-    TokenChunk,
-)
+from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan
+from shared.messages import GenerateRequest, SamplingSpec, TokenChunk
 from shared.rpc.client import CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
 from tests.scheduler.fake_cachemeta import FakeCacheMeta

@@ -15,7 +15,7 @@ from services.scheduler.cluster import ClusterView, CostParams, NodeLoad
 from services.scheduler.costs import PlacementRequest, cheapest_prefill, prefill_costs
 from services.scheduler.policy import Placement, place
 from services.scheduler.timing import StepCoefficients, StepTimes
-from shared.messages import StepSample
+from shared.cluster_messages import StepSample
 from shared.rpc.types import PrefixHolder
 
 NOW = 50.0

@@ -25,7 +25,7 @@ from services.scheduler.policy import (
     record_placement,
 )
 from services.scheduler.timing import StepCoefficients, StepTimes, prefill_seconds
-from shared.messages import StepSample
+from shared.cluster_messages import StepSample
 from shared.rpc.types import PrefixHolder
 
 NOW = 100.0

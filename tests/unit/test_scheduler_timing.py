@@ -18,7 +18,7 @@ from services.scheduler.timing import (
     prefill_seconds,
     queue_seconds,
 )
-from shared.messages import StepSample
+from shared.cluster_messages import StepSample
 
 TRUE = StepCoefficients(base_s=0.01, per_token_s=4e-4, per_attention_s=2e-7)
 

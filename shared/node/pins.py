@@ -15,11 +15,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shared.cluster_messages import PinReply, PinRequest
 from shared.engine.async_engine import AsyncEngine
 from shared.kv.hashing import HASH_BYTES
-from shared.leases import Lease, LeaseTable
-from shared.messages import PinReply, PinRequest
 from shared.model.kv_cache import PagedKVCache
+from shared.node.leases import Lease, LeaseTable
 
 log = logging.getLogger(__name__)
 

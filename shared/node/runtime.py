@@ -14,17 +14,18 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 
 from shared.bus import Bus
+from shared.cluster_messages import NodeStatus, StepSample
 from shared.engine.async_engine import AsyncEngine
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
 from shared.engine.types import RequestOutput
-from shared.messages import NodeStatus, StepSample
-from shared.node import FetchBandwidth, NodeSettings, heartbeat_loop, node_status
-from shared.node_metrics import NodeMetrics
+from shared.node.common import FetchBandwidth, heartbeat_loop, node_status
+from shared.node.metrics import NodeMetrics
+from shared.node.settings import NodeSettings
 from shared.ops_http import OpsServer
 
 if TYPE_CHECKING:
-    from shared.catalogue_sync import CatalogueSync
+    from shared.node.catalogue import CatalogueSync
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class NodeRuntime:
 
     def _start_catalogue(self, s: NodeSettings) -> None:
         # Imported here: a node without cachemeta never loads grpc.
-        from shared.catalogue_sync import CatalogueSync
+        from shared.node.catalogue import CatalogueSync
         from shared.rpc.client import CacheMetaClient
 
         self.catalogue = CatalogueSync(

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from shared.cluster_messages import NodeStatus
 from shared.engine.types import EngineStats
-from shared.messages import NodeStatus
 
 
 class NodeMetrics(Collector):

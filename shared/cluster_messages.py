@@ -1,0 +1,162 @@
+"""Wire messages between the scheduler and the nodes, and between nodes: heartbeats, tasks and
+their acknowledgements, KV hand-offs, leases and pins. Same rules as ``shared.messages``: every
+field has a range, and a message outside it fails to decode.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta
+
+from shared.messages import (
+    Count,
+    GenerateRequest,
+    HttpStatus,
+    Id,
+    OptionalId,
+    Seconds,
+    ShortText,
+    Text,
+    Timestamp,
+    TokenId,
+    WireMessage,
+)
+
+MAX_BLOCKS = 1 << 16
+BlockId = Annotated[int, Meta(ge=0, lt=1 << 40)]
+Checksum = Annotated[int, Meta(ge=0, lt=1 << 64)]
+Rate = Annotated[float, Meta(ge=0.0, le=1e15)]
+Address = Annotated[bytes, Meta(max_length=16384)]
+
+
+class TaskAck(WireMessage, kw_only=True):
+    """A node's answer to a hand-off (PrefillTask or KVHandoff): it owns the work now, or it
+    refused it (``reason``; ``error_code`` set when the request itself is at fault, so trying
+    another node is pointless)."""
+
+    accepted: bool
+    node_id: Id
+    epoch: OptionalId = ""
+    reason: Text = ""
+    error_code: HttpStatus | None = None
+
+
+class PullPlan(msgspec.Struct, kw_only=True):
+    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` are cached on ``node_id``."""
+
+    node_id: Id
+    first_block: Annotated[int, Meta(ge=0, le=MAX_BLOCKS)]
+    num_blocks: Annotated[int, Meta(ge=1, le=MAX_BLOCKS)]
+
+
+class PrefillTask(WireMessage, kw_only=True):
+    """scheduler -> prefill node: compute the prompt, then hand the KV to the first of
+    ``decode_nodes`` that accepts it (they are ranked, best first).
+
+    ``pulls`` name peers holding blocks of the prompt that this node lacks: it loads them from
+    there before computing the rest. ``predicted_ttft_s`` is the scheduler's estimate.
+    """
+
+    request: GenerateRequest
+    decode_nodes: Annotated[list[Id], Meta(min_length=1, max_length=8)]
+    pulls: Annotated[list[PullPlan], Meta(max_length=64)] = msgspec.field(default_factory=list)
+    predicted_ttft_s: Seconds = 0.0
+
+
+class PinRequest(WireMessage, kw_only=True):
+    """puller -> a node caching blocks: hold these cached blocks (a chain, first block
+    first) until I have pulled them."""
+
+    block_hashes: Annotated[list[Annotated[bytes, Meta(max_length=64)]], Meta(max_length=8192)]
+
+
+class PinReply(WireMessage, kw_only=True):
+    """The leading blocks of a ``PinRequest`` the peer still had, held under ``lease_id`` (a
+    random token) until a ``LeaseRelease`` or the lease's expiry. Empty ``block_ids``: none."""
+
+    lease_id: Annotated[str, Meta(max_length=128)]
+    block_ids: Annotated[list[BlockId], Meta(max_length=8192)]
+    block_checksums: Annotated[list[Checksum], Meta(max_length=8192)]
+    transfer_kind: ShortText
+    transfer_address: Address
+
+
+class KVHandoff(WireMessage, kw_only=True):
+    """prefill -> decode: the prompt is computed and its KV waits under ``lease_id``, a random
+    token made for this hand-off alone (never the request id, which is no secret).
+
+    ``block_ids`` are the prefill node's blocks covering the prompt's computed tokens, in
+    order; ``block_checksums`` let the decode node verify every pulled block.
+    """
+
+    request: GenerateRequest
+    first_token: TokenId
+    prefill_node: Id
+    transfer_kind: ShortText
+    transfer_address: Address
+    lease_id: Annotated[str, Meta(min_length=16, max_length=128)]
+    block_ids: Annotated[list[BlockId], Meta(max_length=MAX_BLOCKS)]
+    block_checksums: Annotated[list[Checksum], Meta(max_length=MAX_BLOCKS)]
+    num_cached_tokens: Count = 0
+
+
+class LeaseRelease(WireMessage, kw_only=True):
+    """puller -> the holder: the blocks under ``lease_id`` were pulled or will never be."""
+
+    lease_id: Annotated[str, Meta(max_length=128)]
+
+
+class StepSample(msgspec.Struct, array_like=True):
+    """One engine step: sequences in the batch, tokens computed, context tokens attended
+    over (tokens already in the KV cache of the batch), and its wall time."""
+
+    num_seqs: Annotated[int, Meta(ge=0, le=1 << 20)]
+    num_tokens: Annotated[int, Meta(ge=0, le=1 << 24)]
+    num_context_tokens: Annotated[int, Meta(ge=0, le=1 << 32)]
+    seconds: Seconds
+
+
+class NodeStatus(WireMessage, kw_only=True):
+    """A service's heartbeat: who it is, whether it takes work, where to pull from it, and how
+    loaded it is. Schedulers and gateways send one too (role and liveness only).
+
+    ``epoch`` changes whenever the process restarts, so a peer can tell a restarted node from
+    the one that held its request. ``healthy`` False: the node's engine is stuck or broken and
+    it must get no work; ``draining``: it finishes or hands over what it has and takes nothing
+    new. ``model_id``, ``block_size`` and ``kv_dtype`` let a scheduler compute the node's block
+    hashes; ``secret_fingerprint`` lets it see that both use the same cache secret.
+    ``step_samples`` are the engine steps since the last beat (the data of the scheduler's
+    time model); ``fetch_bandwidth`` is the measured bytes/s of this node's pulls, per source.
+    """
+
+    node_id: Id
+    role: Annotated[str, Meta(pattern=r"^(gateway|scheduler|prefill|decode)$")]
+    epoch: OptionalId = ""
+    healthy: bool = True
+    transfer_kind: ShortText = ""
+    transfer_address: Address = b""
+    queued_tokens: Count = 0
+    running_seqs: Annotated[int, Meta(ge=0, le=1 << 24)] = 0
+    free_blocks: Annotated[int, Meta(ge=0, le=1 << 32)] = 0
+    total_blocks: Annotated[int, Meta(ge=0, le=1 << 32)] = 0
+    block_size: Annotated[int, Meta(ge=1, le=1024)] = 32
+    draining: bool = False
+    ts: Timestamp = 0.0
+    kv_bytes_sent: Count = 0
+    kv_bytes_received: Count = 0
+    pid: Annotated[int, Meta(ge=0, le=1 << 32)] = 0
+    model_id: ShortText = ""
+    kv_dtype: Annotated[str, Meta(max_length=32)] = ""
+    block_bytes: Annotated[int, Meta(ge=0, le=1 << 34)] = 0
+    max_num_batched_tokens: Annotated[int, Meta(ge=0, le=1 << 24)] = 0
+    prompt_tokens_computed: Count = 0
+    prompt_tokens_cached: Count = 0
+    secret_fingerprint: Annotated[str, Meta(max_length=64)] = ""
+    step_samples: Annotated[list[StepSample], Meta(max_length=256)] = msgspec.field(
+        default_factory=list
+    )
+    fetch_bandwidth: Annotated[dict[Id, Rate], Meta(max_length=1024)] = msgspec.field(
+        default_factory=dict
+    )

@@ -1,23 +1,26 @@
 """Scheduler placements per second against a real cachemeta: the scheduler's own request path
-(hash the prompt, MatchPrefix over gRPC, the cost model, record the placement, publish the
-task) with an in-memory bus standing in for NATS. Used by ``bench/cachemeta.py``."""
+(hash the prompt, MatchPrefix over gRPC, the cost model, record the placement, hand the task
+over) with a stand-in for NATS and the prefill nodes that acknowledges every task at once.
+Used by ``bench/cachemeta.py``."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.scheduler.admission import AdmissionGate
 from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.lookup import PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
-from shared.cluster_messages import PrefillTask
+from shared.cluster_messages import PrefillTask, TaskAck
 from shared.kv.hashing import root_hash, scope_salt
-from shared.messages import GenerateRequest, SamplingSpec, TokenChunk
+from shared.messages import GenerateRequest, SamplingSpec
 from shared.rpc.client import CacheMetaClient
 
 MODEL, BLOCK_TOKENS, KV_DTYPE = "bench-model", 32, "float32"
@@ -31,19 +34,21 @@ def scope_root() -> bytes:
 
 
 class CountingBus:
-    """Stands in for NATS: counts what the scheduler publishes."""
+    """Stands in for NATS and for every prefill node: acknowledges each task at once and
+    counts them."""
 
     def __init__(self) -> None:
         self.tasks = 0
         self.pulls = 0
-        self.rejections = 0
+
+    async def request(self, subject: str, message: Any, kind: type, timeout_s: float) -> TaskAck:
+        assert isinstance(message, PrefillTask)
+        self.tasks += 1
+        self.pulls += bool(message.pulls)
+        return TaskAck(accepted=True, node_id=subject.rsplit(".", 1)[-1])
 
     async def publish(self, subject: str, message: Any) -> None:
-        if isinstance(message, PrefillTask):
-            self.tasks += 1
-            self.pulls += bool(message.pulls)
-        elif isinstance(message, TokenChunk):
-            self.rejections += 1
+        return
 
 
 @dataclass(frozen=True)
@@ -104,13 +109,16 @@ async def placement_rate(
         view,
         lookup,
         SchedulerMetrics(view),
+        AdmissionGate(max_pending=in_flight),
         cache_secret=SECRET,
     )
     sampling = SamplingSpec(max_tokens=16)
     latencies: list[float] = []
+    rejected = 0
     next_call = iter(range(calls))
 
     async def worker() -> None:
+        nonlocal rejected
         for i in next_call:
             request = GenerateRequest(
                 request_id=f"b{i}",
@@ -119,17 +127,17 @@ async def placement_rate(
                 sampling=sampling,
             )
             started = time.perf_counter()
-            await handlers.on_request(request)
+            reply = await handlers.on_request(request)
             latencies.append(time.perf_counter() - started)
+            rejected += not reply.accepted
             if i % 256 == 0:  # the nodes' heartbeats reset what was placed on them
-                for node in view.nodes.values():
-                    node.placed_tokens = node.placed_seqs = node.placed_blocks = 0
+                beat = time.monotonic()
+                for node in list(view.nodes.values()):
+                    view.update(dataclasses.replace(node, last_seen=beat, placed_tokens=0))
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(in_flight)))
     seconds = time.perf_counter() - started
     await lookup.close()
     q = statistics.quantiles(latencies, n=100)
-    return PlacementStats(
-        calls, in_flight, seconds, q[49] * 1e3, q[98] * 1e3, bus.pulls, bus.rejections
-    )
+    return PlacementStats(calls, in_flight, seconds, q[49] * 1e3, q[98] * 1e3, bus.pulls, rejected)

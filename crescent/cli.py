@@ -27,7 +27,27 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_arguments(sub.add_parser("up", help="run the whole stack on this machine"))
     serve = sub.add_parser("serve", help="run one service in this process")
     serve.add_argument("service", choices=SERVICES)
+    hash_key = sub.add_parser(
+        "hash-key", help="print the CRESCENT_API_KEYS_FILE line of the API key read on stdin"
+    )
+    hash_key.add_argument("tenant", help="the tenant the key belongs to")
     return parser
+
+
+def _hash_key(tenant: str) -> int:
+    """Reads one key from stdin (not an argument: those show up in ``ps`` and shell history)."""
+    from services.gateway.auth import key_line
+
+    key = sys.stdin.readline().strip()
+    if not key:
+        sys.stderr.write("crescent hash-key: error: no key on stdin\n")
+        return 2
+    try:
+        print(key_line(key, tenant))
+    except ValueError as exc:
+        sys.stderr.write(f"crescent hash-key: error: {exc}\n")
+        return 2
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -36,6 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return generate.run(args)
     if args.command == "up":
         return up.run(args)
+    if args.command == "hash-key":
+        return _hash_key(args.tenant)
     if args.command == "serve":
         # The same entry point as `python -m services.<name>`; settings come from CRESCENT_*.
         runpy.run_module(f"services.{args.service}", run_name="__main__", alter_sys=True)

@@ -7,9 +7,10 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -24,23 +25,42 @@ def _die_with_parent() -> None:
 
 @dataclass(slots=True)
 class Child:
-    """One running service; its output goes to ``log_path``."""
+    """One running service; its output goes to ``log_path``. ``restarts`` holds the times it
+    was started again after it exited."""
 
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    argv: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    restarts: list[float] = field(default_factory=list)
 
     @property
     def running(self) -> bool:
         return self.proc.poll() is None
 
+    def restart(self) -> None:
+        """Starts the same command again, with the same environment and log."""
+        self.proc = _popen(self.argv, self.env, self.log_path)
+        self.restarts.append(time.monotonic())
+
+    def restarts_within(self, seconds: float) -> int:
+        now = time.monotonic()
+        return sum(1 for t in self.restarts if now - t <= seconds)
+
 
 def spawn(name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path) -> Child:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
+    # The name lets operators (and fault tests) tell the stack's processes apart.
+    env = env | {"CRESCENT_CHILD_NAME": name}
+    return Child(name, _popen(list(argv), env, log_path), log_path, list(argv), env)
+
+
+def _popen(argv: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     with log_path.open("ab") as log:
-        proc = subprocess.Popen(
-            list(argv),
+        return subprocess.Popen(
+            argv,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
@@ -48,7 +68,6 @@ def spawn(name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path) ->
             start_new_session=True,  # our signals, in our order; not the terminal's Ctrl-C
             preexec_fn=_die_with_parent,
         )
-    return Child(name, proc, log_path)
 
 
 def stop_all(children: Sequence[Child], grace_s: float = 15.0) -> None:
@@ -69,3 +88,31 @@ def _wait(child: Child, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while child.running and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+#: A service that exits this often within ``RESTART_WINDOW_S`` is not started again: the
+#: stack stops instead, since something is wrong that a restart does not cure.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
+
+
+def supervise(children: Sequence[Child], stop: list[bool], restart: bool = True) -> int:
+    """Watches the children until ``stop[0]``: one that exits is started again (``restart``)
+    unless it keeps exiting; returns the launcher's exit status (1: a child could not be
+    kept running)."""
+    while not stop[0]:
+        for child in children:
+            if child.running:
+                continue
+            status = child.proc.returncode
+            if not restart or child.restarts_within(RESTART_WINDOW_S) >= MAX_RESTARTS:
+                sys.stderr.write(
+                    f"crescent up: {child.name} exited with status {status}; see {child.log_path}\n"
+                )
+                return 1
+            sys.stderr.write(f"crescent up: {child.name} exited with status {status}; restarting\n")
+            sys.stderr.flush()
+            child.restart()
+        time.sleep(0.2)
+    print("crescent up: stopping")
+    return 0

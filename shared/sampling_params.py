@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from shared.errors import InvalidRequestError
 
 MAX_TOP_LOGPROBS = 20
+# A smaller positive temperature is greedy in all but name and overflows the scaled logits;
+# vLLM clamps to the same floor.
+MIN_TEMPERATURE = 0.01
+MAX_TEMPERATURE = 2.0
+# The wire's bound; any value from the vocabulary size up keeps every token.
+MAX_TOP_K = 1 << 31
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,31 +45,38 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
     def validate(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        _check_int(self.max_tokens, "max_tokens", 1, None, "at least 1")
+        _check_float(self.temperature, "temperature")
+        t = self.temperature
+        if t != 0.0 and not MIN_TEMPERATURE <= t <= MAX_TEMPERATURE:
             raise InvalidRequestError(
-                f"max_tokens must be at least 1, got {self.max_tokens!r}", "max_tokens"
+                f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE} and "
+                f"{MAX_TEMPERATURE:g}, got {t!r}",
+                "temperature",
             )
-        if not 0.0 <= self.temperature <= 2.0:
-            raise InvalidRequestError(
-                f"temperature must be between 0 and 2, got {self.temperature!r}", "temperature"
-            )
+        _check_float(self.top_p, "top_p")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise InvalidRequestError(
-                f"top_k must be -1, 0 or a positive integer, got {self.top_k!r}", "top_k"
-            )
-        if self.seed is not None and not (isinstance(self.seed, int) and 0 <= self.seed < 2**63):
-            raise InvalidRequestError(
-                f"seed must be a non-negative 63-bit integer, got {self.seed!r}", "seed"
-            )
-        if not isinstance(self.output_offset, int) or self.output_offset < 0:
-            raise InvalidRequestError(
-                f"output_offset must be a non-negative integer, got {self.output_offset!r}",
-                "output_offset",
-            )
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise InvalidRequestError(
-                f"logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}",
-                "logprobs",
-            )
+        _check_int(self.top_k, "top_k", -1, MAX_TOP_K, f"-1, 0 or between 1 and {MAX_TOP_K}")
+        if self.seed is not None:
+            _check_int(self.seed, "seed", 0, 2**63 - 1, "a non-negative 63-bit integer")
+        _check_int(self.output_offset, "output_offset", 0, None, "a non-negative integer")
+        if self.logprobs is not None:
+            _check_int(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS, f"0 to {MAX_TOP_LOGPROBS}")
+
+
+def _check_int(value: object, name: str, lo: int, hi: int | None, what: str) -> None:
+    # bool is an int subclass in Python, but True is no count.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < lo
+        or (hi is not None and value > hi)
+    ):
+        raise InvalidRequestError(f"{name} must be {what}, got {value!r}", name)
+
+
+def _check_float(value: object, name: str) -> None:
+    # NaN passes every range check (each comparison is false), so finiteness comes first.
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be a finite number, got {value!r}", name)

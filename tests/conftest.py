@@ -23,6 +23,9 @@ from shared.model.tokenizer import Tokenizer
 
 # The oracle must never try to reach the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Tests run services on the public development defaults (cache secret, no cachemeta token);
+# the tests of the production rules set CRESCENT_DEV_MODE=false themselves.
+os.environ.setdefault("CRESCENT_DEV_MODE", "true")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model.files import default_cache_dir
+from shared.secrets import CacheMetaTokenSettings, refused
 
 
 def default_db_url() -> str:
@@ -13,8 +16,17 @@ def default_db_url() -> str:
     return f"sqlite+aiosqlite:///{default_cache_dir() / 'cachemeta.db'}"
 
 
-class CacheMetaSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
+class CacheMetaSettings(CacheMetaTokenSettings, BaseSettings):
+    """Every option of cachemeta. Invariant: outside development mode a token is configured,
+    so no call is served to a client that does not present it."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
+    )
+
+    dev_mode: bool = Field(
+        default=False, description="development: serve without a token when none is set"
+    )
 
     db_url: str = Field(
         default_factory=default_db_url,
@@ -33,6 +45,15 @@ class CacheMetaSettings(BaseSettings):
     )
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _require_token(self) -> Self:
+        if self.cachemeta_token_value() is None and not self.dev_mode:
+            raise refused(
+                "cachemeta needs CRESCENT_CACHEMETA_TOKEN or CRESCENT_CACHEMETA_TOKEN_FILE "
+                "(or CRESCENT_DEV_MODE=true to serve anyone)"
+            )
+        return self
 
     @property
     def sweep_every_s(self) -> float:

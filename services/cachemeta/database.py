@@ -18,7 +18,9 @@ _U32_IS_NATIVE_LE = array("I").itemsize == 4 and sys.byteorder == "little"
 def create_engine(db_url: str, *, echo: bool = False) -> AsyncEngine:
     """One engine for the process; dead pooled connections are replaced on checkout."""
     url = make_url(db_url)
-    kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo}
+    # hide_parameters: a failed statement's error (logged, and sent to the caller) must not
+    # carry its parameters, which hold the token ids of prompts.
+    kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo, "hide_parameters": True}
     if url.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}
     elif url.get_driver_name() == "asyncpg":

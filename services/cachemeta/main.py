@@ -23,7 +23,7 @@ from services.cachemeta.config import CacheMetaSettings
 from services.cachemeta.database import create_engine
 from services.cachemeta.migrations import upgrade
 from services.cachemeta.repository import DatabaseUnavailable, Repository
-from services.cachemeta.servicer import CacheMetaServicer
+from services.cachemeta.servicer import CacheMetaServicer, TokenCheck
 from shared.ops_http import OpsServer
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
 from shared.rpc.client import MAX_MESSAGE_BYTES
@@ -77,7 +77,11 @@ class CacheMetaService:
         self.catalogue = catalogue
         self._freeze_if_grown()
         self.servicer = CacheMetaServicer(catalogue)
-        self.server = grpc.aio.server(options=SERVER_OPTIONS)
+        token = s.cachemeta_token_value()
+        if token is None:
+            log.warning("no cachemeta token: serving every caller (development mode)")
+        checks = [] if token is None else [TokenCheck(token, self.servicer.calls)]
+        self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=checks)
         pb_grpc.add_CacheMetaServicer_to_server(self.servicer, self.server)
         self.port = self.server.add_insecure_port(f"{s.cachemeta_host}:{s.cachemeta_port}")
         if self.port == 0:

@@ -1,16 +1,20 @@
-"""The gRPC adapter of cachemeta: checks requests, calls the catalogue, translates errors.
+"""The gRPC adapter of cachemeta: checks the caller's token and requests, calls the catalogue,
+translates errors.
 
-Bad input is answered INVALID_ARGUMENT with a message naming the field; a database failure is
-UNAVAILABLE (the caller may retry); anything else is INTERNAL and logged. No request can stop
-the service.
+A call without the deployment's token is UNAUTHENTICATED before it reaches the servicer. Bad
+input — including a list longer than its cap per call — is answered INVALID_ARGUMENT with a
+message naming the field; a database failure is UNAVAILABLE (the caller may retry); anything
+else is INTERNAL and logged. No request can stop the service.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
@@ -19,6 +23,7 @@ from services.cachemeta.catalogue import Catalogue
 from services.cachemeta.repository import DatabaseUnavailable
 from shared.rpc import cachemeta_pb2 as pb
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
+from shared.rpc.client import AUTH_METADATA, MAX_BLOCKS_PER_CALL, MAX_TOKENS_PER_BLOCK
 from shared.rpc.types import TIERS, BlockRecord, TierCapacity
 
 log = logging.getLogger(__name__)
@@ -31,6 +36,39 @@ MAX_I64 = (1 << 63) - 1
 
 class InvalidArgument(ValueError):
     """A request field is out of range; the message says which and why."""
+
+
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """Admits only calls whose metadata carries ``authorization: Bearer <token>``.
+
+    Invariant: a call without the token never reaches the servicer and is counted in
+    ``calls`` as UNAUTHENTICATED; the comparison (of digests, so of equal lengths) takes the
+    same time whatever was presented.
+    """
+
+    def __init__(self, token: str, calls: Counter[tuple[str, str]]) -> None:
+        self._expected = _digest(f"Bearer {token}")
+        self.calls = calls
+        self._deny = grpc.unary_unary_rpc_method_handler(self._refuse)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        metadata = details.invocation_metadata or ()
+        given = next((value for key, value in metadata if key == AUTH_METADATA), "")
+        if hmac.compare_digest(_digest(given), self._expected):
+            return await continuation(details)
+        self.calls[(details.method.rpartition("/")[2], "UNAUTHENTICATED")] += 1
+        return self._deny
+
+    async def _refuse(self, request: bytes, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong cachemeta token")
+
+
+def _digest(value: str | bytes) -> bytes:
+    return hashlib.sha256(value.encode() if isinstance(value, str) else value).digest()
 
 
 class CacheMetaServicer(pb_grpc.CacheMetaServicer):
@@ -48,6 +86,7 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
         def check() -> list[BlockRecord]:
             _node_id(request.node_id)
             _tier(request.tier)
+            _cap("blocks", len(request.blocks), MAX_BLOCKS_PER_CALL)
             return [_block(i, b) for i, b in enumerate(request.blocks)]
 
         async def run(records: list[BlockRecord]) -> pb.RegisterBlocksReply:
@@ -77,6 +116,7 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
     ) -> pb.MatchPrefixReply:
         def check() -> tuple[list[bytes], list[str]]:
             tiers = list(request.tiers)
+            _cap("tiers", len(tiers), len(TIERS))
             for tier in tiers:
                 _tier(tier)
             return _hashes(request.block_hashes), tiers
@@ -203,7 +243,14 @@ def _hash_error(name: str, value: bytes) -> InvalidArgument:
     return InvalidArgument(f"{name} is {len(value)} bytes long; a block hash is {HASH_BYTES}")
 
 
-def _hashes(values: Iterable[bytes]) -> list[bytes]:
+def _cap(name: str, count: int, cap: int) -> None:
+    # Checked before anything else is: a call's cost grows with its lists.
+    if count > cap:
+        raise InvalidArgument(f"{name} has {count} entries; at most {cap} per call")
+
+
+def _hashes(values: Sequence[bytes]) -> list[bytes]:
+    _cap("block_hashes", len(values), MAX_BLOCKS_PER_CALL)
     hashes = list(values)
     if hashes and set(map(len, hashes)) != {HASH_BYTES}:  # the loop below only on error
         for i, value in enumerate(hashes):
@@ -218,12 +265,18 @@ def _block(i: int, block: pb.Block) -> BlockRecord:
         raise _hash_error(f"blocks[{i}].block_hash", block_hash)
     if len(parent_hash) != HASH_BYTES:
         raise _hash_error(f"blocks[{i}].parent_hash", parent_hash)
+    if len(block.token_ids) > MAX_TOKENS_PER_BLOCK:
+        raise InvalidArgument(
+            f"blocks[{i}].token_ids has {len(block.token_ids)} ids; at most "
+            f"{MAX_TOKENS_PER_BLOCK} per block"
+        )
     if block.num_bytes > MAX_I64:
         raise InvalidArgument(f"blocks[{i}].num_bytes {block.num_bytes} is too large")
     return BlockRecord(block_hash, parent_hash, block.token_ids, block.num_bytes, block.checksum)
 
 
-def _tiers(values: Iterable[pb.TierCapacity]) -> list[TierCapacity]:
+def _tiers(values: Sequence[pb.TierCapacity]) -> list[TierCapacity]:
+    _cap("tiers", len(values), len(TIERS))
     tiers = []
     for t in values:
         _tier(t.tier)

@@ -1,4 +1,5 @@
-"""Bus adapter of a decode node: KV handoffs in, pulled into the pool, tokens out."""
+"""Bus adapter of a decode node: KV hand-offs in (acknowledged), pulled into the pool, tokens
+out; on drain, every request it holds is handed back to be resumed elsewhere."""
 
 from __future__ import annotations
 
@@ -10,75 +11,70 @@ from collections.abc import Coroutine
 from typing import Any, Literal
 
 from shared import subjects
-from shared.bus import Bus
-from shared.cluster_messages import KVHandoff, LeaseRelease
-from shared.engine.async_engine import AsyncEngine
+from shared.cluster_messages import KVHandoff, LeaseRelease, NodeStatus, TaskAck
 from shared.engine.types import ImportSlot, RequestOutput
 from shared.errors import InvalidRequestError
-from shared.kv.hashing import block_checksum
-from shared.messages import AbortRequest
-from shared.model.kv_cache import PagedKVCache
-from shared.node.common import FetchBandwidth, error_chunk, output_chunk, request_salt
-from shared.transfer.base import TransferClient, TransferError, create_client
+from shared.messages import TokenChunk
+from shared.node.chunks import output_chunk, request_salt
+from shared.node.ledger import Stage
+from shared.node.puller import PullSource
+from shared.node.runtime import NodeRuntime
 
 log = logging.getLogger(__name__)
+#: A draining node keeps serving pulls of its blocks at least this long after handing its
+#: requests back, so the nodes that resume them can pull their KV instead of recomputing.
+DRAIN_LINGER_S = 2.0
 
 
-class DecodeHandlers:
-    """Owns handoffs waiting for room, pulls in flight and one transfer client per kind.
+class DecodeRole:
+    """Owns the hand-offs waiting for room, the pulls in flight and the cached-token counts
+    of the requests it runs.
 
-    Invariant: every handoff ends in exactly one ``LeaseRelease`` to its prefill node, and in
-    either a running sequence or an error chunk to its gateway — never in silence.
+    Invariants: every accepted hand-off ends in exactly one ``LeaseRelease`` to its prefill
+    node, and in a running sequence, an error chunk, an abort or (draining) a migrate chunk.
+    Hand-offs get room in arrival order.
     """
 
-    def __init__(
-        self,
-        bus: Bus,
-        engine: AsyncEngine,
-        cache: PagedKVCache,
-        cache_secret: str,
-        bandwidth: FetchBandwidth | None = None,
-    ) -> None:
-        self.bus = bus
-        self.bandwidth = bandwidth or FetchBandwidth()
-        self.cache_secret = cache_secret
-        self.engine = engine
-        self.cache = cache
+    def __init__(self, node: NodeRuntime) -> None:
+        self.node = node
         self.waiting: deque[KVHandoff] = deque()
-        self.aborted: set[str] = set()
         self.cached_tokens: dict[str, int] = {}
-        self.clients: dict[str, TransferClient] = {}
-        self.pulls_ok = 0
-        self.pulls_failed = 0
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._admitting = asyncio.Lock()  # one admission at a time keeps arrival order
+        self._work: set[asyncio.Task[None]] = set()
+        self._admitting = asyncio.Lock()
 
-    async def on_handoff(self, handoff: KVHandoff) -> None:
+    async def on_handoff(self, handoff: KVHandoff) -> TaskAck:
+        node, req = self.node, handoff.request
+        rid = req.request_id
+        if not node.takes_work:
+            return self._ack(False, "draining" if node.draining else "unhealthy")
+        try:
+            req.sampling.to_params()
+        except InvalidRequestError as exc:
+            return self._ack(False, str(exc), 400)
+        if node.ledger.active(rid) is not None:
+            return self._ack(True)  # the same hand-off again: its first ack was lost
+        if len(self.waiting) >= node.settings.max_waiting:
+            return self._ack(False, "the decode queue is full")
+        holding = node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
+        # The first token is this node's output too, so a replay can start from it.
+        node.ledger.record(
+            rid, [handoff.first_token], [handoff.first_logprob] if handoff.first_logprob else None
+        )
+        holding.num_cached_tokens = handoff.num_cached_tokens
+        self.cached_tokens[rid] = handoff.num_cached_tokens
         self.waiting.append(handoff)
-        await self.retry_waiting()
+        self._spawn(self.admit_waiting())
+        return self._ack(True)
 
-    async def on_outputs(self, outputs: list[RequestOutput]) -> None:
-        for out in outputs:
-            chunk = output_chunk(out, self.cached_tokens.get(out.request_id))
-            await self.bus.publish(subjects.tokens(out.request_id), chunk)
-            if out.finished:
-                self.cached_tokens.pop(out.request_id, None)
-        if any(out.finished for out in outputs):
-            await self.retry_waiting()
+    def _ack(self, accepted: bool, reason: str = "", code: int | None = None) -> TaskAck:
+        node = self.node
+        return TaskAck(
+            accepted=accepted, node_id=node.node_id, epoch=node.epoch, reason=reason,
+            error_code=code,
+        )  # fmt: skip
 
-    async def on_abort(self, abort: AbortRequest) -> None:
-        rid = abort.request_id
-        for handoff in list(self.waiting):
-            if handoff.request.request_id == rid:
-                self.waiting.remove(handoff)
-                await self._release(handoff)
-                return
-        self.aborted.add(rid)
-        await self.engine.call(lambda: self.engine.engine.abort_request(rid))
-        self.cached_tokens.pop(rid, None)
-
-    async def retry_waiting(self) -> None:
-        """Reserves room for waiting handoffs in arrival order while the pool has it; each
+    async def admit_waiting(self) -> None:
+        """Reserves room for waiting hand-offs in arrival order while the pool has it; each
         reserved one is then pulled in its own task, so a slow peer delays only its own."""
         async with self._admitting:
             while self.waiting:
@@ -90,88 +86,121 @@ class DecodeHandlers:
                 if slot is not None:
                     self._spawn(self._complete(handoff, slot))
 
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for client in self.clients.values():
-            await client.close()
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _reserve(self, handoff: KVHandoff) -> ImportSlot | Literal[False] | None:
-        """The reserved blocks; None if the handoff was refused (its error is sent); False if
-        the pool has no room yet."""
-        req = handoff.request
+        """The reserved blocks; None if the hand-off was refused (its error is sent); False
+        if the pool has no room yet."""
+        node, req = self.node, handoff.request
         rid = req.request_id
-        params = req.sampling.to_params()
-        prompt, salt = list(req.prompt_token_ids), request_salt(self.cache_secret, req)
+        salt = request_salt(node.settings.cache_secret, req)
         try:
-            slot = await self.engine.call(
-                lambda: self.engine.engine.begin_import(
-                    rid, prompt, handoff.first_token, params, salt
-                )
-            )
+            slot = await node.host.begin_import(
+                rid, list(req.prompt_token_ids), handoff.first_token, req.sampling.to_params(),
+                salt,
+            )  # fmt: skip
         except InvalidRequestError as exc:
             await self._release(handoff)
-            await self._error(rid, str(exc), 400)
+            await node.fail(rid, str(exc), 400)
             return None
-        if slot is None:
-            return False
-        self.cached_tokens[rid] = handoff.num_cached_tokens
-        return slot
+        return False if slot is None else slot
 
     async def _complete(self, handoff: KVHandoff, slot: ImportSlot) -> None:
-        rid = handoff.request.request_id
+        node, rid = self.node, handoff.request.request_id
         ok = await self._pull(handoff, slot)
         await self._release(handoff)
-        if rid in self.aborted:
-            self.aborted.discard(rid)
-            await self.engine.call(lambda: self.engine.engine.abort_request(rid))
+        holding = node.ledger.active(rid)
+        if holding is None:  # aborted while it was pulled
+            await node.host.abort(rid)
             return
-        await self.engine.call(lambda: self.engine.engine.finish_import(rid, ok))
+        holding.stage = Stage.RUNNING
+        await node.host.finish_import(rid, ok)
 
     async def _pull(self, handoff: KVHandoff, slot: ImportSlot) -> bool:
-        """Fills the slot's blocks from the prefill node and verifies every checksum; False
-        means the engine recomputes the prompt instead."""
+        """Fills the slot's blocks from the prefill node; False means the engine recomputes
+        the prompt instead (slower, never wrong)."""
         source_ids = handoff.block_ids[slot.first_block :]
-        expected = handoff.block_checksums[slot.first_block :]
-        if len(source_ids) != len(slot.block_ids) or len(expected) != len(source_ids):
-            log.warning("handoff %s does not match its prompt; recomputing", handoff.lease_id)
+        checksums = handoff.block_checksums[slot.first_block :]
+        if len(source_ids) != len(slot.block_ids) or len(checksums) != len(source_ids):
+            log.warning("a hand-off does not match its prompt; recomputing")
             return False
         if not source_ids:
             return True
-        dest = [self.cache.block_buffer(b) for b in slot.block_ids]
-        started = time.perf_counter()
-        try:
-            client = self._client(handoff.transfer_kind)
-            received = await client.pull(
-                handoff.transfer_address, handoff.lease_id, source_ids, dest
-            )
-        except TransferError as exc:
-            self.pulls_failed += 1
-            log.warning("pull of %s failed (%s); recomputing", handoff.lease_id, exc)
-            return False
-        self.bandwidth.record(handoff.prefill_node, received, time.perf_counter() - started)
-        sums = await asyncio.to_thread(lambda: [block_checksum(d.data) for d in dest])
-        if sums != expected:
-            self.pulls_failed += 1
-            log.warning("pull of %s had a corrupt block; recomputing", handoff.lease_id)
-            return False
-        self.pulls_ok += 1
-        return True
-
-    def _client(self, kind: str) -> TransferClient:
-        client = self.clients.get(kind)
-        if client is None:
-            client = self.clients[kind] = create_client(kind)
-        return client
+        source = PullSource(
+            handoff.prefill_node,
+            handoff.transfer_kind,
+            handoff.transfer_address,
+            handoff.lease_id,
+            source_ids,
+            checksums,
+        )
+        return await self.node.puller.pull(source, slot.block_ids) == len(source_ids)
 
     async def _release(self, handoff: KVHandoff) -> None:
         release = LeaseRelease(lease_id=handoff.lease_id)
-        await self.bus.publish(subjects.lease_releases(handoff.prefill_node), release)
+        try:
+            await self.node.bus.publish(subjects.lease_releases(handoff.prefill_node), release)
+        except Exception as exc:  # the lease then expires on its own
+            log.warning("could not release a lease: %s", exc)
 
-    async def _error(self, request_id: str, message: str, code: int) -> None:
-        await self.bus.publish(subjects.tokens(request_id), error_chunk(request_id, message, code))
+    async def on_outputs(self, outputs: list[RequestOutput]) -> None:
+        node = self.node
+        for out in outputs:
+            rid = out.request_id
+            holding = node.ledger.active(rid)
+            if holding is None:
+                continue  # handed back or aborted meanwhile
+            if out.error is not None:
+                self.cached_tokens.pop(rid, None)
+                await node.fail(rid, out.error, 500)
+                continue
+            chunk = output_chunk(out, holding.output_offset, self.cached_tokens.get(rid, 0))
+            node.ledger.record(rid, chunk.token_ids, chunk.logprobs)
+            if out.finished:
+                self.cached_tokens.pop(rid, None)
+                node.ledger.finish(rid, time.monotonic(), reason=chunk.finish_reason)
+            await node.send(chunk)
+        if any(out.finished for out in outputs) and self.waiting:
+            await self.admit_waiting()
+
+    async def on_abort(self, request_id: str) -> None:
+        for handoff in list(self.waiting):
+            if handoff.request.request_id == request_id:
+                self.waiting.remove(handoff)
+                await self._release(handoff)
+        self.cached_tokens.pop(request_id, None)
+
+    async def drain(self, deadline: float) -> None:
+        """Hands every request back to its gateway at the position it reached (the gateway
+        resumes it on another node), then serves pulls of this node's blocks for a while:
+        the nodes that take over pull the prompt and the generated tokens from here."""
+        node = self.node
+        handed_back = node.ledger.active_ids()
+        for rid in handed_back:
+            await self._hand_back(rid)
+        linger_s = DRAIN_LINGER_S if handed_back else 0.0
+        linger_until = min(deadline, time.monotonic() + linger_s)
+        while time.monotonic() < deadline:
+            if time.monotonic() >= linger_until and node.ledger.num_leases == 0:
+                return
+            await asyncio.sleep(0.05)
+
+    async def _hand_back(self, rid: str) -> None:
+        node = self.node
+        holding = node.ledger.active(rid)
+        if holding is None:
+            return
+        index = holding.next_index
+        await node.abort(rid)
+        await node.send(TokenChunk(request_id=rid, index=index, token_ids=[], migrate=True))
+
+    def describe(self, status: NodeStatus) -> None:
+        status.running_seqs += len(self.waiting)
+
+    async def close(self) -> None:
+        for work in list(self._work):
+            work.cancel()
+        await asyncio.gather(*self._work, return_exceptions=True)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)

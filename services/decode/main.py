@@ -1,99 +1,58 @@
-"""Wires a decode node: the node runtime, transfer clients, a transfer server for the peers that
-pull its cached blocks (a chat's history), and subscriptions."""
+"""Wires a decode node: the node runtime and the hand-off subscription."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-
-import numpy as np
 
 from services.decode.config import DecodeSettings
-from services.decode.handlers import DecodeHandlers
+from services.decode.handlers import DecodeRole
 from shared import subjects
-from shared.cluster_messages import KVHandoff, LeaseRelease, NodeStatus, PinRequest
-from shared.engine.types import RequestOutput
-from shared.messages import AbortRequest
-from shared.node.leases import LeaseTable
-from shared.node.pins import PinServer
+from shared.bus import Bus
+from shared.cluster_messages import KVHandoff
+from shared.engine.engine import LLMEngine
 from shared.node.runtime import NodeRuntime
 from shared.runtime import run_service
-from shared.transfer.base import create_server
 
 log = logging.getLogger(__name__)
+#: Finishing sequences admit waiting hand-offs at once; this also covers room freed by aborts.
+ADMIT_RETRY_S = 0.5
 
 
 class DecodeService:
-    def __init__(self, settings: DecodeSettings) -> None:
+    """Owns one decode node. ``engine`` and ``bus`` replace what the settings would load or
+    connect to (tests hand in a small engine and an in-memory bus)."""
+
+    def __init__(
+        self, settings: DecodeSettings, engine: LLMEngine | None = None, bus: Bus | None = None
+    ) -> None:
         self.settings = settings
-        self.node = NodeRuntime(settings, "decode")
-        self.handlers: DecodeHandlers | None = None
-        self.pins: PinServer | None = None
-        self.server = create_server(settings.transfer, self._provide, settings.transfer_host)
+        self.node = NodeRuntime(settings, "decode", engine=engine, bus=bus)
+        self.role: DecodeRole | None = None
 
     async def start(self) -> None:
         node = self.node
-        await self.server.start()
-        await node.start(self._on_outputs)
-        self.handlers = h = DecodeHandlers(
-            node.bus,
-            node.async_engine,
-            node.engine.runner.cache,
-            self.settings.cache_secret,
-            node.fetch_bandwidth,
-        )
-        node.describe = self._describe
-        await node.bus.subscribe(subjects.decode_tasks(node.node_id), KVHandoff, h.on_handoff)
-        await node.bus.subscribe(subjects.ABORTS, AbortRequest, h.on_abort)
-        self.pins = pins = PinServer(
-            node.async_engine,
-            node.engine.runner.cache,
-            LeaseTable(ttl_s=self.settings.lease_ttl_s),
-            self.settings.transfer,
-            self.server.address,
-        )
-        await node.bus.serve(subjects.peer_pins(node.node_id), PinRequest, pins.on_pin)
-        await node.bus.subscribe(
-            subjects.lease_releases(node.node_id),
-            LeaseRelease,
-            lambda release: pins.release(release.lease_id),
-        )
-        node.spawn(self._retry_waiting(h))
-        node.spawn(self._expire_pins(pins))
+        await node.start(self._make_role)
+        assert self.role is not None
+        await node.bus.serve(subjects.decode_tasks(node.node_id), KVHandoff, self.role.on_handoff)
+        node.spawn(self._admit_retry(self.role))
         log.info("decode node %s serving", node.node_id)
 
+    def _make_role(self, node: NodeRuntime) -> DecodeRole:
+        self.role = DecodeRole(node)
+        return self.role
+
     async def stop(self) -> None:
+        await self.node.drain()
+        if self.role is not None:
+            await self.role.close()
         await self.node.stop()
-        if self.handlers is not None:
-            await self.handlers.close()
-        await self.server.close()
 
-    async def _on_outputs(self, outputs: list[RequestOutput]) -> None:
-        if self.handlers is not None:
-            await self.handlers.on_outputs(outputs)
-
-    def _provide(self, lease_id: str, block_ids: Sequence[int]) -> list[np.ndarray] | None:
-        return None if self.pins is None else self.pins.provide(lease_id, block_ids)
-
-    def _describe(self, status: NodeStatus) -> None:
-        status.transfer_kind = self.settings.transfer
-        status.transfer_address = self.server.address
-        status.kv_bytes_sent = self.server.bytes_sent
-        if self.handlers is not None:
-            status.kv_bytes_received = sum(c.bytes_received for c in self.handlers.clients.values())
-            status.running_seqs += len(self.handlers.waiting)
-
-    async def _retry_waiting(self, handlers: DecodeHandlers) -> None:
-        # Finishing sequences trigger retries; this also covers room freed by aborts.
+    async def _admit_retry(self, role: DecodeRole) -> None:
         while True:
-            await asyncio.sleep(0.5)
-            await handlers.retry_waiting()
-
-    async def _expire_pins(self, pins: PinServer) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            await pins.expire()
+            await asyncio.sleep(ADMIT_RETRY_S)
+            if role.waiting:
+                await role.admit_waiting()
 
 
 def main() -> None:

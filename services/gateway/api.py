@@ -25,12 +25,22 @@ from services.gateway.requests import PreparedRequest, RequestBuilder
 from services.gateway.responses import Shapes
 from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from services.gateway.service import Completions, Run
+from services.gateway.validation import decode_body
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
 ENDPOINTS = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/healthz", "/metrics"}
+    {
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/models",
+        "/health",
+        "/healthz",
+        "/readyz",
+        "/livez",
+        "/metrics",
+    }
 )
 # A body over the limit is still read (not kept) up to this much, so the client sees the 413
 # instead of a reset connection; anything bigger is cut off.
@@ -116,11 +126,19 @@ def _add_routes(app: FastAPI, gw: Gateway) -> None:
         return _model_card(gw)
 
     @app.get("/health")
-    @app.get("/healthz")
-    async def health() -> JSONResponse:
-        if gw.completions.dispatcher.connected:
+    @app.get("/readyz")
+    async def ready() -> JSONResponse:
+        # Readiness: requests can be served now (a scheduler and both node roles are live).
+        ok, reason = gw.completions.dispatcher.readiness()
+        if ok:
             return JSONResponse({"status": "ok"})
-        return JSONResponse({"status": "unavailable", "reason": "not connected to NATS"}, 503)
+        return JSONResponse({"status": "unavailable", "reason": reason}, 503)
+
+    @app.get("/healthz")
+    @app.get("/livez")
+    async def live() -> JSONResponse:
+        # Liveness: the process serves HTTP; restarting it would not help the cluster.
+        return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -149,13 +167,9 @@ async def _parse(request: Request, model: type[M], limit: int) -> M:
             await _drain(request, size)
             raise errors.too_large(limit)
         parts.append(part)
-    try:
-        data = json.loads(b"".join(parts))
-    except ValueError:
-        raise errors.invalid(
-            "We could not parse the JSON body of your request. Send valid JSON."
-        ) from None
-    return model.model_validate(data)
+    data = decode_body(b"".join(parts))
+    # Strict: a bool or a string where a number belongs is refused, not converted.
+    return model.model_validate(data, strict=True)
 
 
 async def _drain(request: Request, seen: int = 0) -> None:

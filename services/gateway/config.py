@@ -3,34 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Any, Self
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
+from services.gateway.auth import parse_api_keys, parse_key_file
 from shared.model.files import default_cache_dir
+from shared.nats_auth import NatsAuthSettings
+from shared.secrets import refused
 
 
-def parse_api_keys(raw: str) -> dict[str, str]:
-    """``"key1:tenantA,key2:tenantB"`` -> ``{"key1": "tenantA", ...}``; empty means no keys."""
-    keys: dict[str, str] = {}
-    for item in raw.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        key, sep, tenant = item.rpartition(":")
-        key, tenant = key.strip(), tenant.strip()
-        if not sep or not key or not tenant:
-            raise ValueError(f"each API key must be written key:tenant, got {item!r}")
-        if key in keys:
-            raise ValueError("an API key is listed twice")
-        keys[key] = tenant
-    return keys
-
-
-class GatewaySettings(BaseSettings):
+class GatewaySettings(NatsAuthSettings):
     """Every option of the gateway process; each field is the variable ``CRESCENT_<NAME>``."""
 
-    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
+    )
 
     host: str = Field(default="127.0.0.1", description="Address the HTTP server binds")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")
@@ -38,8 +27,14 @@ class GatewaySettings(BaseSettings):
     nats_connect_timeout_s: float = Field(
         default=30.0, gt=0, description="Give up starting when NATS is unreachable this long"
     )
-    api_keys: str = Field(
-        default="", description="key:tenant pairs, comma separated; empty: open, tenant 'default'"
+    # Read as "key:tenant,..." and held as hex digest -> tenant: the keys themselves are gone
+    # once the settings are validated.
+    api_keys: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="key:tenant pairs, comma separated; empty: open, tenant 'default'",
+    )
+    api_keys_file: Path | None = Field(
+        default=None, description="lines 'sha256:<hex digest> <tenant>' (crescent hash-key)"
     )
     served_model_name: str | None = Field(
         default=None, description="Model name clients send; default: the model folder's id"
@@ -64,13 +59,67 @@ class GatewaySettings(BaseSettings):
     drain_timeout_s: float = Field(
         default=30.0, ge=0, description="On SIGTERM, how long in-flight requests may finish"
     )
+    gateway_id: str = Field(
+        default="", description="Unique name of this gateway; default: gateway + random suffix"
+    )
+    max_in_flight: int = Field(
+        default=1024, ge=1, description="Sequences in flight at most; more get 429 at once"
+    )
+    no_scheduler_s: float = Field(
+        default=1.0, gt=0, description="With no scheduler running this long, a request gets 503"
+    )
+    submit_timeout_s: float = Field(
+        default=3.0, gt=0, description="A scheduler silent this long is asked again"
+    )
+    heartbeat_timeout_s: float = Field(
+        default=3.0, gt=0, description="A node silent this long is dead; its requests move"
+    )
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, description="This gateway's beat")
+    stall_timeout_s: float = Field(
+        default=120.0, gt=0, description="A request with no new token this long fails"
+    )
+    max_resumes: int = Field(
+        default=4, ge=0, description="How often one request may move to another node"
+    )
 
-    @field_validator("api_keys")
+    _tenants: dict[bytes, str] = PrivateAttr(default_factory=dict)
+
+    @field_validator("api_keys", mode="before")
     @classmethod
-    def _check_api_keys(cls, value: str) -> str:
-        parse_api_keys(value)
-        return value
+    def _hash_api_keys(cls, value: Any) -> dict[str, str]:
+        if value == {}:  # the default
+            return {}
+        if not isinstance(value, str):
+            raise refused("CRESCENT_API_KEYS must be a string of key:tenant pairs")
+        try:
+            return {digest.hex(): tenant for digest, tenant in parse_api_keys(value).items()}
+        except ValueError as exc:
+            raise refused(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _load_key_file(self) -> Self:
+        tenants = {bytes.fromhex(digest): tenant for digest, tenant in self.api_keys.items()}
+        if self.api_keys_file is not None:
+            source = "CRESCENT_API_KEYS_FILE"
+            try:
+                text = self.api_keys_file.expanduser().read_text(encoding="utf-8")
+                listed = parse_key_file(text, source)
+            except OSError as exc:
+                raise refused(f"cannot read {source}: {exc.__class__.__name__}") from None
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise refused(str(exc)) from None
+            if listed.keys() & tenants.keys():
+                raise refused("an API key is in both CRESCENT_API_KEYS and CRESCENT_API_KEYS_FILE")
+            tenants |= listed
+        self._tenants = tenants
+        return self
 
     @property
-    def tenants_by_key(self) -> dict[str, str]:
-        return parse_api_keys(self.api_keys)
+    def tenants_by_digest(self) -> dict[bytes, str]:
+        """Every configured key's SHA-256 digest -> its tenant (for ``ApiKeys``)."""
+        return dict(self._tenants)
+
+    @property
+    def tenants_by_key(self) -> dict[bytes, str]:
+        """The same as ``tenants_by_digest``: keys are only known by their digests."""
+        return self.tenants_by_digest

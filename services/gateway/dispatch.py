@@ -1,137 +1,189 @@
-"""The gateway's side of the bus: publish requests, receive their TokenChunks, abort leftovers.
+"""The gateway's side of the bus: hand requests to a scheduler and know they landed, receive
+their TokenChunks, watch the nodes that serve them, and answer the nodes' checks.
 
-The bus is passed in (``main`` hands over the connected ``shared.bus.Bus``); this module only
-uses the calls the ``Bus`` protocol below names, so it stays free of NATS itself.
+The bus is passed in (``main`` hands over the connected ``NatsBus``); this module only uses
+the ``shared.bus.Bus`` protocol, so it stays free of NATS itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from services.gateway import errors
 from shared import subjects
-from shared.messages import AbortRequest, GenerateRequest, TokenChunk, WireMessage
+from shared.bus import Bus, BusRequestError, NoResponders, Subscription
+from shared.cluster_messages import NodeStatus
+from shared.liveness import Liveness
+from shared.messages import (
+    AbortRequest,
+    GatewayCheck,
+    GatewayCheckReply,
+    GenerateRequest,
+    ReplayReply,
+    ReplayRequest,
+    SubmitReply,
+)
+from shared.nats_events import disconnected_name
 
 log = logging.getLogger(__name__)
-M = TypeVar("M", bound=WireMessage)
+REPLAY_TIMEOUT_S = 1.5
 
 
-class Bus(Protocol):
-    """What the dispatcher needs from the bus (``shared.bus.Bus`` in production)."""
-
-    @property
-    def connected(self) -> bool: ...
-
-    async def publish(self, subject: str, message: WireMessage) -> None: ...
-
-    async def subscribe(
-        self, subject: str, kind: type[M], handler: Callable[[M], Awaitable[Any]], queue: str = ""
-    ) -> Any: ...
+class SubmitTimeout(Exception):
+    """A scheduler took the request but did not answer in time: it may have placed it."""
 
 
-class Flight:
-    """The output stream of one API request's GenerateRequests, merged into one queue.
+@dataclass(frozen=True, slots=True)
+class SubmitPolicy:
+    """``no_scheduler_s``: how long "nobody serves requests" is retried before a 503.
+    ``reply_timeout_s``: how long one scheduler may take to place a request and answer."""
 
-    Owns one subscription per request and the set of requests whose end (a finish or an error)
-    the backend has sent. Invariant: ``close`` aborts every request that has not ended, exactly
-    once, and a request is published only after its subscription exists.
-    """
+    no_scheduler_s: float = 1.0
+    reply_timeout_s: float = 3.0
 
-    def __init__(self, dispatcher: Dispatcher, request_ids: Sequence[str]) -> None:
-        self._dispatcher = dispatcher
-        self._ids = list(request_ids)
-        self._ended: set[str] = set()
-        self._aborted: set[str] = set()
-        self._subscriptions: list[Any] = []
-        self._queue: asyncio.Queue[TokenChunk] = asyncio.Queue()
-        self._closed = False
 
-    async def _on_chunk(self, request_id: str, chunk: TokenChunk) -> None:
-        # The subject names the request; a chunk claiming another id must not be misrouted.
-        chunk.request_id = request_id
-        if chunk.finish_reason is not None or chunk.error is not None or chunk.error_code:
-            self._ended.add(request_id)
-        self._queue.put_nowait(chunk)
+class Listener(Protocol):
+    """A flight, as the dispatcher sees it: told when the bus came back."""
 
-    async def send(self, requests: Sequence[GenerateRequest]) -> None:
-        """Subscribes to every request's output, then publishes the requests."""
-        for request in requests:
-            subject = subjects.tokens(request.request_id)
-            handler = functools.partial(self._on_chunk, request.request_id)
-            subscription = await self._dispatcher.bus.subscribe(subject, TokenChunk, handler)
-            self._subscriptions.append(subscription)
-        # Subscriptions go out before the requests on the same connection, so the server
-        # knows where to deliver the first token before anyone can produce it.
-        for request in requests:
-            await self._dispatcher.bus.publish(subjects.REQUESTS, request)
-
-    async def next(self, timeout: float) -> TokenChunk:
-        """The next chunk of any of the requests; ``TimeoutError`` after ``timeout`` seconds."""
-        return await asyncio.wait_for(self._queue.get(), timeout=max(timeout, 0.0))
-
-    def finish(self, request_id: str) -> None:
-        """The gateway needs no more of ``request_id`` (a stop string matched): abort it now."""
-        if request_id not in self._ended and request_id not in self._aborted:
-            self._aborted.add(request_id)
-            self._dispatcher.abort_soon([request_id], [])
-
-    def close(self) -> None:
-        """Aborts what is still running and drops the subscriptions. Safe to call twice and
-        from a cancelled task: the work is handed to a task of its own."""
-        if self._closed:
-            return
-        self._closed = True
-        leftovers = [i for i in self._ids if i not in self._ended and i not in self._aborted]
-        self._aborted.update(leftovers)
-        self._dispatcher.abort_soon(leftovers, self._subscriptions)
+    def bus_reconnected(self) -> None: ...
 
 
 class Dispatcher:
-    """Sends GenerateRequests on the bus and hands back their output as ``Flight``s.
+    """Sends requests on the bus and keeps what the gateway must know to recover them.
 
-    Owns the bus client and the background tasks that publish aborts and unsubscribe, so a
-    drain can wait for them. Invariant: a ``Flight`` it returns has every request published.
+    Owns the bus client, this gateway's id, the liveness view of every service (heartbeats
+    and disconnect events), the set of request ids in flight (what the nodes' checks are
+    answered from) and the background tasks that publish aborts. Invariant: a request id is
+    in flight from before its submission until its flight lets it go, so a node never hears
+    "unknown" for a request whose client still waits.
     """
 
-    def __init__(self, bus: Bus) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        gateway_id: str,
+        liveness: Liveness | None = None,
+        submit: SubmitPolicy | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.bus = bus
+        self.gateway_id = gateway_id
+        self.clock = clock
+        self.liveness = liveness or Liveness(started_at=clock())
+        self.submit_policy = submit or SubmitPolicy()
+        self.in_flight: dict[str, Listener] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
+        self._subscriptions: list[Subscription] = []
+
+    async def start(self) -> None:
+        bus = self.bus
+        self._subscriptions += [
+            await bus.watch(subjects.HEARTBEATS_ALL, NodeStatus, self._on_heartbeat),
+            await bus.subscribe_raw(subjects.DISCONNECTS, self._on_disconnect),
+            await bus.serve(subjects.gateway_checks(self.gateway_id), GatewayCheck, self._on_check),
+        ]
+        bus.on_reconnect(self._on_reconnect)
 
     @property
     def connected(self) -> bool:
         return bool(self.bus.connected)
 
-    async def open(self, requests: Sequence[GenerateRequest]) -> Flight:
-        """Subscribes to the requests' outputs, then publishes them. 503 when the bus is down."""
+    def readiness(self) -> tuple[bool, str]:
+        """Whether requests can be served now: the bus, a scheduler, a prefill and a decode
+        node. The reason names what is missing."""
         if not self.connected:
-            raise errors.unavailable("The gateway is not connected to the message bus.")
-        flight = Flight(self, [r.request_id for r in requests])
-        try:
-            await flight.send(requests)
-        except BaseException as exc:
-            # Cancelled or failed half-way: whatever went out must be aborted.
-            flight.close()
-            if not isinstance(exc, Exception):
-                raise
-            log.warning("publishing %d requests failed: %s", len(requests), exc)
-            raise errors.unavailable("The message bus did not accept the request.") from exc
-        return flight
+            return False, "not connected to NATS"
+        now = self.clock()
+        for role in ("scheduler", "prefill", "decode"):
+            if not self.liveness.serving(role, now):
+                return False, f"no live {role}"
+        return True, ""
 
-    def abort_soon(self, request_ids: Sequence[str], subscriptions: Sequence[Any]) -> None:
+    async def _on_heartbeat(self, subject: str, status: NodeStatus) -> None:
+        if subject != subjects.heartbeats(status.role, status.node_id):
+            log.warning("dropped a heartbeat of %s sent on %s", status.node_id, subject)
+            return
+        self.liveness.beat(
+            status.node_id,
+            status.role,
+            status.epoch,
+            self.clock(),
+            healthy=status.healthy,
+            draining=status.draining,
+        )
+
+    async def _on_disconnect(self, data: bytes) -> None:
+        name = disconnected_name(data)
+        if name is not None:
+            self.liveness.disconnected(name, self.clock())
+
+    async def _on_check(self, check: GatewayCheck) -> GatewayCheckReply:
+        return GatewayCheckReply(unknown=[i for i in check.request_ids if i not in self.in_flight])
+
+    async def _on_reconnect(self) -> None:
+        self.liveness.reconnected(self.clock())
+        for listener in set(self.in_flight.values()):
+            listener.bus_reconnected()
+
+    async def subscribe_tokens(self, request_id: str, handler: Any) -> Subscription:
+        from shared.messages import TokenChunk
+
+        return await self.bus.subscribe(subjects.tokens(request_id), TokenChunk, handler)
+
+    async def submit(self, request: GenerateRequest) -> SubmitReply:
+        """Hands the request to a scheduler and returns its answer. ``ApiError`` 503 when no
+        scheduler runs (after ``no_scheduler_s`` of retries) or the bus is down;
+        ``SubmitTimeout`` when a scheduler took it but did not answer."""
+        policy = self.submit_policy
+        give_up = self.clock() + policy.no_scheduler_s
+        while True:
+            try:
+                return await self.bus.request(
+                    subjects.REQUESTS, request, SubmitReply, policy.reply_timeout_s
+                )
+            except NoResponders:
+                if self.clock() >= give_up:
+                    raise errors.unavailable("No scheduler is running.") from None
+            except BusRequestError as exc:
+                raise SubmitTimeout(str(exc)) from exc
+            except Exception as exc:  # the connection is down: retried like a missing scheduler
+                if self.clock() >= give_up:
+                    raise errors.unavailable("The message bus did not accept the request.") from exc
+            await asyncio.sleep(0.05)
+
+    async def replay(self, owner: str, request_id: str, from_index: int) -> ReplayReply | None:
+        """The owner's record of a request from ``from_index``; None if it did not answer."""
+        ask = ReplayRequest(request_id=request_id, from_index=from_index)
+        try:
+            return await self.bus.request(
+                subjects.replays(owner), ask, ReplayReply, REPLAY_TIMEOUT_S
+            )
+        except Exception as exc:
+            log.info("replay of %s from %s failed: %s", request_id, owner, exc)
+            return None
+
+    def abort_soon(
+        self, request_ids: Sequence[str], subscriptions: Sequence[Subscription], only_node: str = ""
+    ) -> None:
         if not request_ids and not subscriptions:
             return
-        task = asyncio.get_running_loop().create_task(self._cleanup(request_ids, subscriptions))
+        work = self._cleanup(request_ids, subscriptions, only_node)
+        task = asyncio.get_running_loop().create_task(work)
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
 
-    async def _cleanup(self, request_ids: Sequence[str], subscriptions: Sequence[Any]) -> None:
+    async def _cleanup(
+        self, request_ids: Sequence[str], subscriptions: Sequence[Subscription], only_node: str
+    ) -> None:
         for request_id in request_ids:
             try:
-                await self.bus.publish(subjects.ABORTS, AbortRequest(request_id=request_id))
+                abort = AbortRequest(request_id=request_id, only_node=only_node)
+                await self.bus.publish(subjects.ABORTS, abort)
             except Exception as exc:
                 log.warning("could not publish the abort of %s: %s", request_id, exc)
         for subscription in subscriptions:
@@ -144,3 +196,8 @@ class Dispatcher:
         """Waits for pending aborts, so that none is lost when the connection closes."""
         if self._cleanups:
             await asyncio.gather(*self._cleanups, return_exceptions=True)
+        for subscription in self._subscriptions:
+            try:
+                await subscription.unsubscribe()
+            except Exception as exc:
+                log.debug("unsubscribe failed: %s", exc)

@@ -83,10 +83,8 @@ def unavailable(message: str) -> ApiError:
     return ApiError(503, message, type_="service_unavailable", code="service_unavailable")
 
 
-def timed_out(seconds: float) -> ApiError:
-    return ApiError(
-        504, f"The request did not finish within {seconds:g} s.", type_="timeout", code="timeout"
-    )
+def timed_out(seconds: float, what: str = "The request did not finish") -> ApiError:
+    return ApiError(504, f"{what} within {seconds:g} s.", type_="timeout", code="timeout")
 
 
 def internal(message: str = "The server had an error while processing the request.") -> ApiError:

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 import time
+import uuid
 from collections.abc import Iterator
 
 import uvicorn
@@ -15,11 +16,16 @@ from fastapi import FastAPI
 from services.gateway.api import Gateway, build_app
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewaySettings
-from services.gateway.dispatch import Dispatcher
+from services.gateway.dispatch import Dispatcher, SubmitPolicy
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.recovery import RecoveryPolicy
 from services.gateway.requests import RequestBuilder
-from services.gateway.service import Completions
-from shared.bus import Bus
+from services.gateway.service import Completions, Limits
+from shared import subjects
+from shared.bus import Bus, NatsBus
+from shared.cluster_messages import NodeStatus
+from shared.heartbeat import heartbeat_loop
+from shared.liveness import Liveness
 from shared.model.files import resolve_model
 from shared.model.tokenizer import Tokenizer
 from shared.runtime import setup_logging
@@ -32,48 +38,70 @@ class GatewayService:
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
+        self.gateway_id = subjects.check_token(
+            settings.gateway_id or f"gateway-{uuid.uuid4().hex[:8]}", "gateway id"
+        )
+        self.epoch = uuid.uuid4().hex[:16]
         self.bus: Bus | None = None
         self.dispatcher: Dispatcher | None = None
         self.gateway: Gateway | None = None
+        self._beat: asyncio.Task[None] | None = None
 
     async def start(self) -> FastAPI:
         s = self.settings
         files = resolve_model(s.model, s.cache_dir)
         tokenizer = Tokenizer.from_dir(files.path)
-        self.bus = await connect_bus(s.nats_url, s.nats_connect_timeout_s)
-        self.dispatcher = Dispatcher(self.bus)
+        self.bus = bus = await connect_bus(
+            s.nats_url, f"crescent-{self.gateway_id}", s.nats_connect_timeout_s,
+            s.connect_options(),
+        )  # fmt: skip
+        liveness = Liveness(s.heartbeat_timeout_s, started_at=time.monotonic())
+        submit = SubmitPolicy(s.no_scheduler_s, s.submit_timeout_s)
+        self.dispatcher = Dispatcher(bus, self.gateway_id, liveness, submit)
+        await self.dispatcher.start()
         builder = RequestBuilder(
             tokenizer,
             s.served_model_name or files.config.model_id,
             s.max_model_len or files.config.max_position_embeddings,
             s.max_n,
         )
-        completions = Completions(
-            self.dispatcher, tokenizer, s.first_token_timeout_s, s.request_timeout_s
-        )
+        recovery = RecoveryPolicy(stall_timeout_s=s.stall_timeout_s, max_resumes=s.max_resumes)
+        limits = Limits(s.first_token_timeout_s, s.request_timeout_s, recovery)
+        completions = Completions(self.dispatcher, tokenizer, limits, s.max_in_flight)
         self.gateway = gateway = Gateway(
             builder=builder,
             completions=completions,
-            keys=ApiKeys(s.tenants_by_key),
+            keys=ApiKeys(s.tenants_by_digest),
             metrics=GatewayMetrics(),
             max_request_bytes=s.max_request_bytes,
             created=int(time.time()),
         )
+        self._beat = asyncio.create_task(
+            heartbeat_loop(bus, s.heartbeat_interval_s, self._status, self._status_now)
+        )
         log.info("serving %s (context %d tokens)", builder.model_name, builder.max_model_len)
         return build_app(gateway)
 
+    def _status_now(self) -> NodeStatus:
+        return NodeStatus(node_id=self.gateway_id, role="gateway", epoch=self.epoch)
+
+    async def _status(self) -> NodeStatus:
+        return self._status_now()
+
     async def stop(self) -> None:
         """Publishes the aborts still pending, then drains and closes the bus connection."""
+        if self._beat is not None:
+            self._beat.cancel()
         if self.dispatcher is not None:
             await self.dispatcher.drain()
         if self.bus is not None:
             await self.bus.close()
 
 
-async def connect_bus(url: str, timeout_s: float) -> Bus:
+async def connect_bus(url: str, name: str, timeout_s: float, auth: dict[str, str]) -> Bus:
     try:
         # The client retries forever on its own; the deadline turns that into a clear failure.
-        return await asyncio.wait_for(Bus.connect(url, "crescent-gateway"), timeout_s)
+        return await asyncio.wait_for(NatsBus.connect(url, name, **auth), timeout_s)
     except TimeoutError:
         raise RuntimeError(f"NATS at {url} did not answer within {timeout_s:g} s") from None
 

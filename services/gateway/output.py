@@ -57,6 +57,7 @@ class ChoiceAssembler:
         self._end: tuple[int, str] | None = None  # (position after the last token, reason)
         self._held = ""
         self.next_index = 0
+        self.token_ids: list[int] = []  # every token consumed, in order
         self.text = ""
         self.logprobs: list[TokenLogprob] = []
         self.offsets: list[int] = []
@@ -71,6 +72,11 @@ class ChoiceAssembler:
     @property
     def completion_tokens(self) -> int:
         return self.next_index
+
+    @property
+    def has_gap(self) -> bool:
+        """Tokens or a finish arrived for positions past one still missing."""
+        return bool(self._pending) or (self._end is not None and self._end[0] > self.next_index)
 
     def add(self, chunk: TokenChunk) -> Delta:
         """Takes one chunk; returns what became final. Raises ``BackendError`` on an error."""
@@ -99,6 +105,7 @@ class ChoiceAssembler:
 
     def _consume(self, token_id: int, logprob: TokenLogprob | None, delta: Delta) -> None:
         self.next_index += 1
+        self.token_ids.append(token_id)
         if logprob is not None and self._options.logprobs is not None:
             offset = len(self.text) + len(self._held)
             delta.logprobs.append(logprob)

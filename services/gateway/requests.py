@@ -191,6 +191,12 @@ class RequestBuilder:
         """The completion budget; without one it is ``default`` or else the rest of the context."""
         if requested is not None and requested < 1:
             raise errors.invalid(f"{param} must be at least 1, got {requested}", param)
+        if requested is not None and requested > self.max_model_len:
+            raise errors.invalid(
+                f"{param} must be at most {self.max_model_len} (the model's context length), "
+                f"got {requested}",
+                param,
+            )
         room = self.max_model_len - prompt_len
         wanted = requested if requested is not None else min(default or room, room)
         if wanted < 1 or prompt_len + wanted > self.max_model_len:
@@ -247,7 +253,9 @@ def _sampling(
     # Sibling choices share a prompt; the same seed would make them identical, so each takes
     # the next seed and choice 0 stays what a request with n=1 and this seed gives.
     seed = body.seed
-    if seed is not None and seed >= 0:
+    if seed is not None and not 0 <= seed < 2**63:
+        raise errors.invalid(f"seed must be a non-negative 63-bit integer, got {seed}", "seed")
+    if seed is not None:
         seed = (seed + sibling) % 2**63
     try:
         params = SamplingParams(

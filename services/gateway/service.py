@@ -1,18 +1,26 @@
-"""Runs a prepared request over the bus: waits until every choice is accepted, then turns the
-merged TokenChunks into per-choice deltas until all choices finish. No HTTP, no NATS here."""
+"""Runs a prepared request over the bus: submits every choice, turns the TokenChunks that come
+back into per-choice deltas, and keeps each choice going when its node fails, until all finish.
+No HTTP, no NATS here."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from services.gateway import errors
-from services.gateway.dispatch import Dispatcher, Flight
+from services.gateway.dispatch import Dispatcher
+from services.gateway.flight import Arrived, ChoiceStream, Event, Flight, Moved, Replayed
 from services.gateway.output import BackendError, ChoiceAssembler, Delta
+from services.gateway.recovery import Act, ChoiceWatch, RecoveryPolicy
 from services.gateway.requests import PreparedRequest
-from shared.messages import TokenChunk
+from shared.messages import ReplayReply, SubmitReply, TokenChunk
 from shared.model.tokenizer import Tokenizer
+
+#: How often a run looks at its choices when no event wakes it.
+TICK_S = 0.2
 
 
 @dataclass(slots=True)
@@ -37,12 +45,21 @@ class Timing:
         return (last - first) / (tokens - 1)
 
 
+@dataclass(frozen=True, slots=True)
+class Limits:
+    first_token_timeout_s: float
+    request_timeout_s: float
+    recovery: RecoveryPolicy = field(default_factory=RecoveryPolicy)
+
+
 class Run:
     """One API request in flight.
 
-    Owns its ``Flight`` and one ``ChoiceAssembler`` per choice. Invariant: deltas come out in
+    Owns its ``Flight`` and one ``ChoiceAssembler`` per choice. Invariants: deltas come out in
     the order chunks were consumed, each choice ends with exactly one delta carrying its finish
-    reason, and ``close`` (always called by the owner) aborts whatever still runs.
+    reason, no token is consumed twice or skipped (chunks are placed by completion position,
+    whichever attempt sent them), and ``close`` (always called by the owner) aborts whatever
+    still runs.
     """
 
     def __init__(
@@ -50,8 +67,9 @@ class Run:
         request: PreparedRequest,
         flight: Flight,
         tokenizer: Tokenizer,
-        first_token_timeout_s: float,
-        request_timeout_s: float,
+        limits: Limits,
+        alive: Callable[[str, str], bool],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.request = request
         self.choices = [
@@ -64,42 +82,45 @@ class Run:
             for c in request.choices
         ]
         self._flight = flight
-        self._by_id = {c.request.request_id: c.index for c in request.choices}
+        self._limits = limits
+        self._alive = alive
+        self._clock = clock
         self._answered: set[int] = set()
         self._backlog: list[tuple[int, Delta]] = []
-        self.timing = Timing(start=time.monotonic())
-        self._first_deadline = self.timing.start + first_token_timeout_s
-        self._deadline = self.timing.start + request_timeout_s
-        self._request_timeout_s = request_timeout_s
+        self.timing = Timing(start=clock())
+        self._first_deadline = self.timing.start + limits.first_token_timeout_s
+        self._deadline = self.timing.start + limits.request_timeout_s
 
     @property
     def done(self) -> bool:
         return all(c.finished for c in self.choices)
 
+    @property
+    def resumes(self) -> int:
+        return sum(s.watch.resumes for s in self._flight.streams if s.watch is not None)
+
     async def accept(self) -> None:
-        """Returns once every choice produced output; raises the ``ApiError`` the client
-        should get instead (429/503 from the backend, or 503 when nobody answered in time)."""
+        """Submits every choice and returns once each produced output; raises the
+        ``ApiError`` the client should get instead (429/503 from the scheduler, 400 from a
+        node, or 504 when no first token came in time)."""
+        replies = await self._flight.start()
+        now = self._clock()
+        for stream, reply in zip(self._flight.streams, replies, strict=True):
+            stream.watch = ChoiceWatch(reply.prefill_node, reply.prefill_epoch, now)
         while len(self._answered) < len(self.choices):
-            remaining = self._first_deadline - time.monotonic()
-            try:
-                chunk = await self._flight.next(remaining)
-            except TimeoutError:
-                raise errors.unavailable(
-                    "No backend answered the request in time; is the scheduler running?"
-                ) from None
-            self._backlog.extend(self._route(chunk))
+            if self._clock() >= self._first_deadline:
+                seconds = self._limits.first_token_timeout_s
+                raise errors.timed_out(seconds, "No first token came")
+            self._backlog.extend(await self._wait(self._first_deadline))
 
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
         """Yields ``(choice index, delta)`` until every choice has finished."""
         while self._backlog:
             yield self._backlog.pop(0)
         while not self.done:
-            remaining = self._deadline - time.monotonic()
-            try:
-                chunk = await self._flight.next(remaining)
-            except TimeoutError:
-                raise errors.timed_out(self._request_timeout_s) from None
-            for item in self._route(chunk):
+            if self._clock() >= self._deadline:
+                raise errors.timed_out(self._limits.request_timeout_s)
+            for item in await self._wait(self._deadline):
                 yield item
 
     async def collect(self) -> None:
@@ -107,24 +128,135 @@ class Run:
         async for _ in self.deltas():
             pass
 
-    def _route(self, chunk: TokenChunk) -> list[tuple[int, Delta]]:
-        index = self._by_id.get(chunk.request_id)
-        if index is None:
+    async def _wait(self, deadline: float) -> list[tuple[int, Delta]]:
+        """Handles the next event, or looks after the choices when none came for a tick."""
+        timeout = min(TICK_S, deadline - self._clock())
+        try:
+            event = await self._flight.next(timeout)
+        except TimeoutError:
+            self._supervise()
             return []
-        self._answered.add(index)
+        out = self._handle(event)
+        self._supervise()
+        return out
+
+    def _handle(self, event: Event) -> list[tuple[int, Delta]]:
+        stream = self._flight.streams[event.choice]
+        if event.request_id != stream.request_id or stream.watch is None:
+            return []  # from an attempt that was superseded
+        if isinstance(event, Arrived):
+            return self._route(stream, event.chunk)
+        if isinstance(event, Replayed):
+            return self._replayed(stream, event.reply)
+        return self._moved(stream, event)
+
+    def _route(self, stream: ChoiceStream, chunk: TokenChunk) -> list[tuple[int, Delta]]:
+        index, watch = stream.index, stream.watch
+        assert watch is not None
         choice = self.choices[index]
         if choice.finished:
             return []
+        self._answered.add(index)
+        if stream.attempt:
+            chunk.num_cached_tokens = 0  # usage reports what the first attempt found cached
+        if self._stray(stream, chunk):
+            return []
+        before = choice.next_index
         try:
             delta = choice.add(chunk)
         except BackendError as exc:
+            self._flight.end(index)
             raise errors.from_backend(exc.code, exc.message, exc.retry_after_s) from exc
-        if chunk.token_ids:
-            self.timing.note(index, time.monotonic())
+        now = self._clock()
+        watch.on_chunk(chunk, choice.next_index > before, now)
+        if choice.next_index > before:
+            self.timing.note(index, now)
+        if chunk.finish_reason is not None or chunk.error is not None:
+            self._flight.end(index)  # the backend is done with it
         if choice.finished:
             # Finished here (stop string, max_tokens) means the backend may still be busy.
-            self._flight.finish(chunk.request_id)
+            self._flight.finish(index)
         return [(index, delta)] if delta else []
+
+    def _stray(self, stream: ChoiceStream, chunk: TokenChunk) -> bool:
+        """True for tokens from a node that does not serve the attempt: after its owner
+        notice, only the named node does (a second node that took the hand-off, whose
+        acknowledgement was lost, is told to stop). Before the notice, tokens past the first
+        mark the node that took the hand-off, even when the notice itself is lost."""
+        watch = stream.watch
+        assert watch is not None
+        node = chunk.node_id
+        if not chunk.token_ids or not node or node == watch.owner:
+            return False
+        if watch.noticed:
+            self._flight.stray(stream.request_id, node)
+            return True
+        if chunk.index > stream.offset:
+            watch.owner, watch.owner_epoch = node, chunk.epoch
+        return False
+
+    def _replayed(self, stream: ChoiceStream, reply: ReplayReply | None) -> list[tuple[int, Delta]]:
+        watch = stream.watch
+        assert watch is not None
+        if reply is not None and reply.owner and not reply.token_ids:
+            watch.replay_done()
+            watch.owner, watch.owner_epoch = reply.owner, reply.owner_epoch
+            return []
+        ended = reply is not None and (reply.finish_reason or reply.error)
+        if reply is None or not reply.known or not (reply.running or ended or reply.owner):
+            self._act(stream, watch.replay_failed(self._limits.recovery))
+            return []
+        watch.replay_done()
+        if reply.owner:
+            watch.owner, watch.owner_epoch = reply.owner, reply.owner_epoch
+        chunk = TokenChunk(
+            request_id=stream.request_id,
+            index=reply.index,
+            token_ids=reply.token_ids,
+            logprobs=reply.logprobs,
+            finish_reason=reply.finish_reason,
+            num_cached_tokens=reply.num_cached_tokens,
+            error=reply.error,
+            error_code=reply.error_code,
+        )
+        return self._route(stream, chunk)
+
+    def _moved(self, stream: ChoiceStream, event: Moved) -> list[tuple[int, Delta]]:
+        watch = stream.watch
+        assert watch is not None
+        stream.busy = False
+        if event.error is not None:
+            self._flight.end(stream.index)
+            raise event.error
+        reply: SubmitReply | None = event.reply
+        assert reply is not None
+        watch.accepted(reply.prefill_node, reply.prefill_epoch, self._clock())
+        return []
+
+    def _supervise(self) -> None:
+        now, flight = self._clock(), self._flight
+        probe_all, flight.reconnected = flight.reconnected, False
+        for stream in flight.streams:
+            watch, choice = stream.watch, self.choices[stream.index]
+            if watch is None or choice.finished or stream.busy:
+                continue
+            if probe_all and watch.asked_at is None:
+                watch.asked_at = now
+                flight.replay(stream, watch.owner, choice.next_index)
+                continue
+            alive = self._alive(watch.owner, watch.owner_epoch)
+            self._act(stream, watch.decide(now, alive, choice.has_gap, self._limits.recovery))
+
+    def _act(self, stream: ChoiceStream, act: Act) -> None:
+        watch, choice = stream.watch, self.choices[stream.index]
+        assert watch is not None
+        if act is Act.REPLAY:
+            self._flight.replay(stream, watch.owner, choice.next_index)
+        elif act is Act.RESUME:
+            self._flight.resume(stream, list(choice.token_ids))
+        elif act is Act.FAIL:
+            self._flight.end(stream.index)
+            raise errors.unavailable(f"The request could not be completed: {watch.reason}.")
 
     def close(self) -> None:
         self._flight.close()
@@ -133,28 +265,45 @@ class Run:
 class Completions:
     """Starts runs: the core behind both generation endpoints.
 
-    Owns the dispatcher, the tokenizer used for output and the time limits.
+    Owns the dispatcher, the tokenizer used for output, the limits, and the cap on sequences
+    in flight (over it, a request is refused at once with 429).
     """
 
     def __init__(
         self,
         dispatcher: Dispatcher,
         tokenizer: Tokenizer,
-        first_token_timeout_s: float,
-        request_timeout_s: float,
+        limits: Limits,
+        max_in_flight: int = 1024,
     ) -> None:
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
-        self.first_token_timeout_s = first_token_timeout_s
-        self.request_timeout_s = request_timeout_s
+        self.limits = limits
+        self.max_in_flight = max_in_flight
 
     async def start(self, request: PreparedRequest) -> Run:
-        """Publishes the request and waits until it is accepted; the caller must ``close`` the
+        """Submits the request and waits until it is accepted; the caller must ``close`` the
         returned run. On failure everything already sent is aborted before the error rises."""
-        flight = await self.dispatcher.open([c.request for c in request.choices])
-        run = Run(
-            request, flight, self.tokenizer, self.first_token_timeout_s, self.request_timeout_s
-        )
+        dispatcher = self.dispatcher
+        if len(dispatcher.in_flight) + len(request.choices) > self.max_in_flight:
+            raise errors.rate_limited("The gateway has too many requests in flight.", 1.0)
+        if not dispatcher.connected:
+            raise errors.unavailable("The gateway is not connected to the message bus.")
+        # Nodes ask this gateway whether it still waits, and stop at the deadline anyway.
+        deadline = time.time() + self.limits.request_timeout_s
+        requests = [
+            msgspec.structs.replace(
+                c.request, gateway_id=dispatcher.gateway_id, deadline_ts=deadline
+            )
+            for c in request.choices
+        ]
+        flight = Flight.of(dispatcher, requests)
+        liveness = dispatcher.liveness
+
+        def alive(node: str, epoch: str) -> bool:
+            return liveness.alive(node, dispatcher.clock(), epoch)
+
+        run = Run(request, flight, self.tokenizer, self.limits, alive, dispatcher.clock)
         try:
             await run.accept()
         except BaseException:

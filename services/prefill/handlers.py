@@ -1,4 +1,5 @@
-"""Bus adapter of a prefill node: tasks in; first tokens, KV handoffs and lease ends out."""
+"""Bus adapter of a prefill node: tasks in (acknowledged), first tokens out, KV handed to the
+first decode node that acknowledges it."""
 
 from __future__ import annotations
 
@@ -6,186 +7,228 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from typing import Any
 
-import numpy as np
-
-from services.prefill.peers import FetchedPrefix, PeerFetcher
 from shared import subjects
-from shared.bus import Bus
-from shared.cluster_messages import KVHandoff, LeaseRelease, PinReply, PinRequest, PrefillTask
-from shared.engine.async_engine import AsyncEngine
+from shared.bus import BusRequestError, NoResponders
+from shared.cluster_messages import KVHandoff, NodeStatus, PrefillTask, TaskAck
 from shared.engine.sequence import FinishReason
 from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.kv.hashing import block_checksum
-from shared.messages import AbortRequest
-from shared.model.kv_cache import PagedKVCache
-from shared.node.common import error_chunk, output_chunk, request_salt
-from shared.node.leases import Lease, LeaseTable
-from shared.node.pins import PinServer
+from shared.messages import AbortRequest, TokenChunk
+from shared.node.chunks import output_chunk, request_salt
+from shared.node.ledger import Lease, Stage
+from shared.node.prefix import FetchedPrefix, PrefixFetcher
+from shared.node.runtime import NodeRuntime
+from shared.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+#: While draining, tasks still prefilling after this long are handed back to their gateway.
+DRAIN_FINISH_S = 5.0
 
 
-class PrefillHandlers:
-    """Owns the tasks in flight on this node and the leases on their finished KV.
+class PrefillRole:
+    """Owns the tasks this node accepted, from their acknowledgement until their first token
+    is out and their KV is leased to a decode node (or they failed).
 
-    Invariant: a task is in ``tasks`` from arrival until its first token is out; its blocks are
-    then either released at once (the request is complete) or leased to its decode node.
-    Blocks pinned for a peer are held under a lease too, and unpinned exactly once.
+    Invariant: an accepted task ends in exactly one of: a finished request (first token was
+    also the last), a lease taken by a decode node (announced to the gateway by an owner
+    chunk), an error chunk, an abort, or (while draining) a migrate chunk.
     """
 
-    def __init__(
-        self,
-        bus: Bus,
-        engine: AsyncEngine,
-        cache: PagedKVCache,
-        leases: LeaseTable,
-        node_id: str,
-        transfer_kind: str,
-        transfer_address: bytes,
-        cache_secret: str,
-        fetcher: PeerFetcher,
-    ) -> None:
-        self.bus = bus
+    def __init__(self, node: NodeRuntime, fetcher: PrefixFetcher) -> None:
+        self.node = node
         self.fetcher = fetcher
-        self.pins = PinServer(engine, cache, leases, transfer_kind, transfer_address)
-        self._pulls: set[asyncio.Task[None]] = set()
-        self.cache_secret = cache_secret
-        self.engine = engine
-        self.cache = cache
-        self.leases = leases
-        self.node_id = node_id
-        self.transfer_kind = transfer_kind
-        self.transfer_address = transfer_address
         self.tasks: dict[str, PrefillTask] = {}
+        self._work: set[asyncio.Task[None]] = set()
 
-    async def on_task(self, task: PrefillTask) -> None:
-        self.tasks[task.request.request_id] = task
-        if task.pulls:
-            # Pulls wait on peers; in their own task they delay only this request.
-            self._spawn(self._pull_then_start(task))
-        else:
-            await self._start(task, FetchedPrefix())
-
-    async def _pull_then_start(self, task: PrefillTask) -> None:
-        req = task.request
-        salt = request_salt(self.cache_secret, req)
-        fetched = await self.fetcher.fetch(list(req.prompt_token_ids), salt, task.pulls)
-        await self._start(task, fetched)
-
-    async def _start(self, task: PrefillTask, fetched: FetchedPrefix) -> None:
-        """Caches what was pulled, then admits the request in the same engine call, so the
-        pulled blocks are claimed before anything can evict them."""
-        req = task.request
+    async def on_task(self, task: PrefillTask) -> TaskAck:
+        node, req = self.node, task.request
         rid = req.request_id
-        params = dataclasses.replace(req.sampling.to_params(), max_tokens=1)
-        prompt, salt = list(req.prompt_token_ids), request_salt(self.cache_secret, req)
-        engine = self.engine.engine
-        wanted = rid in self.tasks  # False: aborted while its blocks were pulled
-
-        def admit() -> None:
-            for imp, checksums in fetched.imports:
-                engine.exchange.finish_import(imp, checksums)
-            if wanted:
-                engine.add_request(rid, prompt, params, salt, hold_blocks=True)
-
+        if not node.takes_work:
+            return self._ack(False, "draining" if node.draining else "unhealthy")
         try:
-            await self.engine.call(admit)
+            params = req.sampling.to_params()
+        except InvalidRequestError as exc:
+            return self._ack(False, str(exc), 400)
+        if node.ledger.active(rid) is not None:
+            return self._ack(True)  # the same hand-off again: its first ack was lost
+        if len(self.tasks) >= node.settings.max_waiting:
+            return self._ack(False, "the prefill queue is full")
+        node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
+        self.tasks[rid] = task
+        self._spawn(self._start(task, params))
+        return self._ack(True)
+
+    def _ack(self, accepted: bool, reason: str = "", code: int | None = None) -> TaskAck:
+        node = self.node
+        return TaskAck(
+            accepted=accepted, node_id=node.node_id, epoch=node.epoch, reason=reason,
+            error_code=code,
+        )  # fmt: skip
+
+    async def _start(self, task: PrefillTask, params: SamplingParams) -> None:
+        """Pulls the planned prefix, then admits the request in the same engine call that
+        caches the pulled blocks, so they are claimed before anything can evict them."""
+        req, node = task.request, self.node
+        rid = req.request_id
+        prompt, salt = list(req.prompt_token_ids), request_salt(node.settings.cache_secret, req)
+        fetched = FetchedPrefix()
+        if task.pulls:
+            fetched = await self.fetcher.fetch(prompt, salt, task.pulls)
+        if rid not in self.tasks:  # aborted while its blocks were pulled
+            await node.host.cache_imports(fetched.imports)
+            return
+        first_only = dataclasses.replace(params, max_tokens=1)
+        try:
+            await node.host.add(
+                rid, prompt, first_only, salt, hold_blocks=True, imports=fetched.imports
+            )
         except InvalidRequestError as exc:
             self.tasks.pop(rid, None)
-            await self._error(rid, str(exc), 400)
-
-    async def on_pin(self, request: PinRequest) -> PinReply:
-        """A peer asks to pull cached blocks: hold the leading ones still here under a lease."""
-        return await self.pins.on_pin(request)
-
-    @property
-    def pins_served(self) -> int:
-        return self.pins.pins_served
-
-    async def close(self) -> None:
-        for task in list(self._pulls):
-            task.cancel()
-        await self.fetcher.close()
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._pulls.add(task)
-        task.add_done_callback(self._pulls.discard)
+            await node.fail(rid, str(exc), 400)
+            return
+        holding = node.ledger.active(rid)
+        if holding is not None:
+            holding.stage = Stage.RUNNING
 
     async def on_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             task = self.tasks.pop(out.request_id, None)
-            if task is not None:
-                await self._first_token(task, out)
-
-    async def on_release(self, release: LeaseRelease) -> None:
-        lease = self.leases.pop(release.lease_id)
-        if lease is not None:
-            await self._end(lease)
-
-    async def on_abort(self, abort: AbortRequest) -> None:
-        rid = abort.request_id
-        if self.tasks.pop(rid, None) is not None:
-            await self.engine.call(lambda: self.engine.engine.abort_request(rid))
-        lease = self.leases.pop(rid)
-        if lease is not None:
-            await self._end(lease)
-
-    async def expire_leases(self) -> None:
-        for lease in self.leases.expire(time.monotonic()):
-            log.warning("lease %s expired before its pull; freeing its blocks", lease.lease_id)
-            await self._end(lease)
-
-    def provide(self, lease_id: str, block_ids: Sequence[int]) -> list[np.ndarray] | None:
-        """Transfer-server callback: buffers of leased blocks (handoffs and pins alike)."""
-        return self.pins.provide(lease_id, block_ids)
+            if task is None:
+                continue
+            if out.error is not None:
+                await self.node.fail(out.request_id, out.error, 500)
+                continue
+            await self._first_token(task, out)
 
     async def _first_token(self, task: PrefillTask, out: RequestOutput) -> None:
-        req = task.request
-        done = out.finish_reason is FinishReason.STOP or req.sampling.max_tokens == 1
-        chunk = output_chunk(out)
-        if done and chunk.finish_reason is None:
-            chunk.finish_reason = FinishReason.LENGTH.value
-        if not done:
-            chunk.finish_reason = None
-        await self.bus.publish(subjects.tokens(req.request_id), chunk)
-        if done:
-            await self._free(req.request_id)
-            return
+        node, req = self.node, task.request
         rid = req.request_id
-        block_ids = await self.engine.call_now(lambda: self.engine.engine.held_block_ids(rid))
-        if block_ids is None:  # aborted meanwhile
+        done = out.finish_reason is FinishReason.STOP or req.sampling.max_tokens == 1
+        chunk = output_chunk(out, req.sampling.output_offset, out.num_cached_tokens)
+        chunk.finish_reason = (chunk.finish_reason or FinishReason.LENGTH.value) if done else None
+        node.ledger.record(rid, chunk.token_ids, chunk.logprobs)
+        holding = node.ledger.active(rid)
+        if holding is not None:
+            holding.num_cached_tokens = out.num_cached_tokens
+        await node.send(chunk)
+        if done:
+            node.ledger.finish(rid, time.monotonic(), reason=chunk.finish_reason)
+            await node.host.release_held(rid)
             return
+        block_ids = await node.host.held_block_ids(rid)
+        if block_ids is None or holding is None or not holding.active:
+            return  # aborted meanwhile; the abort freed the blocks
+        lease = node.ledger.grant(rid, block_ids, time.monotonic())
+        holding.stage = Stage.HANDING_OFF
         checksums = await asyncio.to_thread(self._checksums, block_ids)
-        self.leases.grant(rid, rid, block_ids, time.monotonic())
         handoff = KVHandoff(
             request=req,
             first_token=out.new_token_ids[0],
-            prefill_node=self.node_id,
-            transfer_kind=self.transfer_kind,
-            transfer_address=self.transfer_address,
-            lease_id=rid,
+            prefill_node=node.node_id,
+            transfer_kind=node.settings.transfer,
+            transfer_address=node.server.address,
+            lease_id=lease.token,
             block_ids=block_ids,
             block_checksums=checksums,
             num_cached_tokens=out.num_cached_tokens,
+            first_logprob=chunk.logprobs[0] if chunk.logprobs else None,
         )
-        await self.bus.publish(subjects.decode_tasks(task.decode_node), handoff)
+        await self._hand_off(task, handoff, lease)
+
+    async def _hand_off(self, task: PrefillTask, handoff: KVHandoff, lease: Lease) -> None:
+        """Offers the KV to each ranked decode node in turn until one acknowledges it."""
+        node, rid = self.node, task.request.request_id
+        for decode_node in task.decode_nodes:
+            if node.ledger.active(rid) is None:
+                return  # aborted while we waited for an answer
+            try:
+                ack = await node.bus.request(
+                    subjects.decode_tasks(decode_node), handoff, TaskAck,
+                    node.settings.handoff_timeout_s,
+                )  # fmt: skip
+            except NoResponders:
+                log.warning("decode node %s is gone; %s goes elsewhere", decode_node, rid)
+                continue
+            except BusRequestError as exc:
+                # It may have taken the hand-off and lost only its answer: make sure it stops.
+                log.warning("decode node %s did not answer for %s: %s", decode_node, rid, exc)
+                await node.bus.publish(
+                    subjects.ABORTS, AbortRequest(request_id=rid, only_node=decode_node)
+                )
+                continue
+            if ack.accepted:
+                await self._announce_owner(rid, ack)
+                return
+            if ack.error_code is not None:
+                await self._give_up(rid, lease, ack.reason, ack.error_code)
+                return
+            log.info("decode node %s refused %s: %s", decode_node, rid, ack.reason)
+        await self._give_up(rid, lease, "no decode node could take the request", 503)
+
+    async def _announce_owner(self, rid: str, ack: TaskAck) -> None:
+        node = self.node
+        holding = node.ledger.active(rid)
+        if holding is None:
+            return
+        holding.stage = Stage.LEASED
+        holding.owner, holding.owner_epoch = ack.node_id, ack.epoch
+        notice = TokenChunk(
+            request_id=rid,
+            index=holding.next_index,
+            token_ids=[],
+            owner=ack.node_id,
+            owner_epoch=ack.epoch,
+        )
+        await node.send(notice)
+
+    async def _give_up(self, rid: str, lease: Lease, message: str, code: int) -> None:
+        node = self.node
+        if node.ledger.release(lease.token) is not None:
+            await node.blocks.end(lease)
+        await node.fail(rid, message, code)
 
     def _checksums(self, block_ids: list[int]) -> list[int]:
-        return [block_checksum(self.cache.block_buffer(b).data) for b in block_ids]
+        cache = self.node.engine.runner.cache
+        return [block_checksum(cache.block_buffer(b).data) for b in block_ids]
 
-    async def _end(self, lease: Lease) -> None:
-        if lease.pinned:
-            await self.pins.end(lease)
-        else:
-            await self._free(lease.request_id)
+    async def on_abort(self, request_id: str) -> None:
+        self.tasks.pop(request_id, None)
 
-    async def _free(self, request_id: str) -> None:
-        await self.engine.call_now(lambda: self.engine.engine.release_held(request_id))
+    async def drain(self, deadline: float) -> None:
+        """Lets prefills in progress finish for a while, hands the rest back to their
+        gateways (which resume them elsewhere), then serves the pulls still due."""
+        node = self.node
+        finish_by = min(deadline, time.monotonic() + DRAIN_FINISH_S)
+        while self.tasks and time.monotonic() < finish_by:
+            await asyncio.sleep(0.05)
+        for rid in list(self.tasks):
+            await self._hand_back(rid)
+        while node.ledger.num_leases and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
 
-    async def _error(self, request_id: str, message: str, code: int) -> None:
-        await self.bus.publish(subjects.tokens(request_id), error_chunk(request_id, message, code))
+    async def _hand_back(self, rid: str) -> None:
+        node = self.node
+        holding = node.ledger.active(rid)
+        await node.abort(rid)
+        if holding is not None:
+            notice = TokenChunk(
+                request_id=rid, index=holding.next_index, token_ids=[], migrate=True
+            )
+            await node.send(notice)
+
+    def describe(self, status: NodeStatus) -> None:
+        return
+
+    async def close(self) -> None:
+        for work in list(self._work):
+            work.cancel()
+        await asyncio.gather(*self._work, return_exceptions=True)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.scheduler.inflight import Arrivals, InFlight
 from services.scheduler.timing import StepTimes
+
+#: The roles that hold KV blocks.
+_SERVING = ("prefill", "decode")
 
 
 @dataclass(slots=True)
 class NodeLoad:
-    """A node as its last heartbeat described it, plus what was placed on it since."""
+    """A node as its last heartbeat described it, plus the prompt tokens placed on it since.
+
+    ``finishing`` (decode nodes) holds ``(tokens it may still generate, tokens in its KV)`` of
+    the running sequences nearest their end, fewest remaining first (``ClusterView.update``
+    sorts it). ``healthy`` False (a stuck engine) or ``draining``: no new work, though the node
+    may still serve pulls while its heartbeats come.
+    """
 
     node_id: str
     role: str
@@ -28,9 +38,10 @@ class NodeLoad:
     block_bytes: int = 0  # bytes of one KV block; 0 when the node did not say
     max_num_batched_tokens: int = 0  # tokens per engine step; 0 when the node did not say
     fetch_bandwidth: dict[str, float] = field(default_factory=dict)  # bytes/s by source node
+    epoch: str = ""  # changes when the node's process restarts
+    healthy: bool = True
+    finishing: tuple[tuple[int, int], ...] = ()
     placed_tokens: int = 0  # tokens a prefill node must compute for requests placed since
-    placed_seqs: int = 0  # sequences sent to a decode node since its heartbeat
-    placed_blocks: int = 0  # blocks those sequences will need there
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,20 +62,33 @@ class CostParams:
 
 @dataclass(slots=True)
 class ClusterView:
-    """Owns the freshest view of every node and their step-time models. Invariant: a heartbeat
-    resets what was placed on that node, because the node's own counts now include it."""
+    """Owns the freshest view of every node, their step-time models, and the requests placed
+    but not yet arrived at their decode nodes.
+
+    Invariants: a heartbeat resets the prompt tokens placed on its node (its queue now counts
+    them) and forgets the arrivals due by then (its own counts include them); a heartbeat with
+    a new epoch (a restart) also forgets every arrival due there and every request its
+    prefill node was computing. Every indexed request id is in exactly one ``Arrivals``.
+    """
 
     heartbeat_timeout_s: float = 3.0
     nodes: dict[str, NodeLoad] = field(default_factory=dict)
     timing: StepTimes = field(default_factory=StepTimes)
     costs: CostParams = field(default_factory=CostParams)
     _bandwidth_sum: tuple[float, int] = (0.0, 0)
+    _arrivals: dict[str, Arrivals] = field(default_factory=dict)
+    _by_request: dict[str, InFlight] = field(default_factory=dict)
 
     def update(self, node: NodeLoad) -> None:
         old = self.nodes.get(node.node_id)
+        node.finishing = tuple(sorted(node.finishing))
         self.nodes[node.node_id] = node
         self._count_bandwidth(old, -1)
         self._count_bandwidth(node, +1)
+        if old is not None and old.epoch != node.epoch:
+            self._forget_placed(node.node_id)
+        elif node.node_id in self._arrivals:
+            self._unindex(self._arrivals[node.node_id].drop_until(node.last_seen))
 
     def _count_bandwidth(self, node: NodeLoad | None, sign: int) -> None:
         """Keeps the sum and count of every measured bandwidth, so the cluster-wide mean
@@ -75,22 +99,79 @@ class ClusterView:
         total, count = self._bandwidth_sum
         self._bandwidth_sum = (total + sign * sum(known), count + sign * len(known))
 
+    def alive(self, node: NodeLoad, now: float) -> bool:
+        return now - node.last_seen <= self.heartbeat_timeout_s
+
     def live(self, role: str, now: float) -> list[NodeLoad]:
-        return [
-            n
-            for n in self.nodes.values()
-            if n.role == role and not n.draining and now - n.last_seen <= self.heartbeat_timeout_s
-        ]
+        """Nodes of ``role`` with a recent heartbeat, whether or not they take work."""
+        return [n for n in self.nodes.values() if n.role == role and self.alive(n, now)]
+
+    def targets(self, role: str, now: float) -> list[NodeLoad]:
+        """Nodes of ``role`` that may be given new work: alive, healthy, not draining."""
+        return [n for n in self.live(role, now) if n.healthy and not n.draining]
+
+    def sources(self, now: float) -> list[NodeLoad]:
+        """Nodes whose DRAM blocks may be pulled: every alive prefill or decode node, draining
+        or unhealthy ones too (pins are served beside the engine's steps, not by them)."""
+        return [n for n in self.nodes.values() if n.role in _SERVING and self.alive(n, now)]
 
     def forget_dead(self, now: float) -> list[str]:
-        """Drops nodes silent for ten timeouts, and their samples; returns their ids."""
+        """Drops nodes silent for ten timeouts, their samples and what was placed on them;
+        returns their ids."""
         dead = [
             k for k, n in self.nodes.items() if now - n.last_seen > 10 * self.heartbeat_timeout_s
         ]
         for node_id in dead:
             self._count_bandwidth(self.nodes.pop(node_id), -1)
             self.timing.forget(node_id)
+            self._forget_placed(node_id)
         return dead
+
+    def arrivals(self, node_id: str) -> Arrivals:
+        """The requests on their way to decode node ``node_id`` (read only: an empty one is
+        not kept)."""
+        found = self._arrivals.get(node_id)
+        return found if found is not None else Arrivals()
+
+    def record(self, entry: InFlight) -> None:
+        """Counts a placed request on its prefill node (until that node's next heartbeat) and
+        on its decode node (until it is due there). A request id placed again replaces its
+        earlier placement."""
+        if entry.request_id:
+            self.withdraw(entry.request_id)
+            self._by_request[entry.request_id] = entry
+        prefill = self.nodes.get(entry.prefill_node)
+        if prefill is not None:
+            prefill.placed_tokens += entry.prefill_tokens
+        self._arrivals.setdefault(entry.decode_node, Arrivals()).add(entry)
+
+    def withdraw(self, request_id: str) -> bool:
+        """Uncounts a placed request that will not arrive (its task was refused or never
+        acknowledged, or it was aborted); False when it is not counted anywhere."""
+        entry = self._by_request.pop(request_id, None)
+        if entry is None:
+            return False
+        self._arrivals[entry.decode_node].remove(entry)
+        prefill = self.nodes.get(entry.prefill_node)
+        # Tokens placed before the node's last heartbeat were reset by it.
+        if prefill is not None and entry.placed_at > prefill.last_seen:
+            prefill.placed_tokens = max(prefill.placed_tokens - entry.prefill_tokens, 0)
+        return True
+
+    def _forget_placed(self, node_id: str) -> None:
+        """A node restarted or died: nothing due at it arrives, and nothing it was
+        prefilling leaves it."""
+        self._unindex(self._arrivals.pop(node_id, Arrivals()).entries)
+        for arrivals in self._arrivals.values():
+            lost = [e for e in arrivals.entries if e.prefill_node == node_id]
+            for entry in lost:
+                arrivals.remove(entry)
+            self._unindex(lost)
+
+    def _unindex(self, entries: list[InFlight]) -> None:
+        for entry in entries:
+            if self._by_request.get(entry.request_id) is entry:
+                del self._by_request[entry.request_id]
 
     def block_bytes(self, node: NodeLoad) -> int:
         return node.block_bytes if node.block_bytes > 0 else self.costs.default_block_bytes

@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from services.scheduler.cluster import CostParams
 from services.scheduler.timing import DEFAULT_PRIOR, StepCoefficients, StepTimes
+from shared.nats_auth import NatsAuthSettings
+from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field
 
 
-class SchedulerSettings(BaseSettings):
+class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
     model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
 
     nats_url: str = "nats://127.0.0.1:4222"
@@ -20,9 +22,8 @@ class SchedulerSettings(BaseSettings):
     heartbeat_timeout_s: float = Field(
         default=3.0, gt=0, description="silence before a node is dead"
     )
-    cache_secret: str = Field(
-        default="crescent-dev-cache-secret",
-        description="key of the per-tenant cache salts; the same as the nodes'",
+    cache_secret: CacheSecret = cache_secret_field(
+        "key of the per-tenant cache salts; the same as the nodes'"
     )
     cachemeta_url: str = Field(
         default="", description="host:port of cachemeta; empty: place without regard to caches"
@@ -33,6 +34,30 @@ class SchedulerSettings(BaseSettings):
     )
     ttft_slo_ms: float | None = Field(
         default=None, gt=0, description="reject (429) requests predicted to exceed this TTFT"
+    )
+    tbt_slo_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "reject (429) requests when every decode node is predicted, for when their prefill "
+            "ends, to exceed this time between tokens or to lack room for their KV"
+        ),
+    )
+    scheduler_id: str = Field(default="", description="unique name; default: random")
+    ack_timeout_ms: float = Field(
+        default=1000.0, gt=0, description="a prefill node silent this long gets no task"
+    )
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, description="the scheduler's beat")
+    warmup_s: float | None = Field(
+        default=None,
+        ge=0,
+        description="listen to heartbeats this long before taking requests, unless a prefill "
+        "and a decode node were heard sooner; default: the heartbeat timeout",
+    )
+    scheduler_max_pending: int = Field(
+        default=256,
+        ge=1,
+        description="requests being placed at once; beyond it a request is refused (429) at once",
     )
     match_timeout_ms: float = Field(default=100.0, gt=0, description="cachemeta lookup budget")
     cachemeta_retry_s: float = Field(
@@ -59,6 +84,10 @@ class SchedulerSettings(BaseSettings):
     @property
     def ttft_slo_s(self) -> float | None:
         return None if self.ttft_slo_ms is None else self.ttft_slo_ms / 1000
+
+    @property
+    def tbt_slo_s(self) -> float | None:
+        return None if self.tbt_slo_ms is None else self.tbt_slo_ms / 1000
 
     def cost_params(self) -> CostParams:
         return CostParams(

@@ -1,14 +1,16 @@
 """The predicted time to first token of a request on each prefill node, and the cheapest node.
 
 For a node the TTFT is queue wait + fetch time of the cached blocks it lacks + prefill time of
-the rest. ``prefill_costs`` prices every live node (the simulator and the SLO's Retry-After
-need them all); ``cheapest_prefill`` finds the same winner while pricing only the nodes that
-could still beat it, which is what keeps placement fast with many nodes. Pure: no I/O.
+the rest. ``prefill_costs`` prices every node that may take the request (the simulator and
+the SLO's Retry-After need them all); ``cheapest_prefill`` finds the same winner while pricing
+only the nodes that could still beat it, which is what keeps placement fast with many nodes.
+Blocks may be pulled from any node still alive, draining or unhealthy ones included. Pure: no
+I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, NodeLoad
@@ -21,8 +23,11 @@ PULLABLE_TIER = "dram"
 
 @dataclass(frozen=True, slots=True)
 class PlacementRequest:
+    """What placement needs of a request; ``request_id`` lets its placement be withdrawn."""
+
     num_prompt_tokens: int
     max_tokens: int
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +65,7 @@ class PrefillCost:
 
 @dataclass(frozen=True, slots=True)
 class _HolderGroup:
-    """The live nodes (prefill or decode) holding exactly ``num_blocks`` usable leading blocks."""
+    """The source nodes holding exactly ``num_blocks`` usable leading blocks."""
 
     num_blocks: int
     node_ids: list[str]  # sorted
@@ -107,12 +112,11 @@ class _Pricing:
         view: ClusterView,
         holders: Iterable[PrefixHolder],
         prefills: Sequence[NodeLoad],
-        decodes: Sequence[NodeLoad] = (),
+        sources: Iterable[NodeLoad] = (),
     ) -> None:
         self.request, self.view = request, view
         # Decode nodes serve pins too: they hold a chat's generated history.
-        sources = {n.node_id for n in prefills} | {n.node_id for n in decodes}
-        self.cached = _pullable(holders, sources)
+        self.cached = _pullable(holders, {n.node_id for n in sources})
         self.groups = _holder_groups(self.cached, request, prefills)
         self._models: dict[tuple[StepCoefficients, int, int], _Model] = {}
 
@@ -192,22 +196,39 @@ class _Pricing:
 
 
 def prefill_costs(
-    request: PlacementRequest, view: ClusterView, holders: Sequence[PrefixHolder], now: float
+    request: PlacementRequest,
+    view: ClusterView,
+    holders: Sequence[PrefixHolder],
+    now: float,
+    avoid: Collection[str] = (),
 ) -> list[PrefillCost]:
-    """The cost of ``request`` on every live prefill node."""
-    prefills = view.live("prefill", now)
-    pricing = _Pricing(request, view, holders, prefills, view.live("decode", now))
+    """The cost of ``request`` on every prefill node that may take it and is not in ``avoid``
+    (nodes in ``avoid`` are not pulled from either: they just failed to answer)."""
+    prefills, sources = _candidates(view, now, avoid)
+    pricing = _Pricing(request, view, holders, prefills, sources)
     return [pricing.cost_on(node) for node in prefills]
 
 
 def cheapest_prefill(
-    request: PlacementRequest, view: ClusterView, holders: Sequence[PrefixHolder], now: float
+    request: PlacementRequest,
+    view: ClusterView,
+    holders: Sequence[PrefixHolder],
+    now: float,
+    avoid: Collection[str] = (),
 ) -> PrefillCost | None:
     """``min(prefill_costs(...), key=rank)`` without pricing every node; None when no prefill
-    node is live."""
-    prefills = view.live("prefill", now)
-    decodes = view.live("decode", now)
-    return _Pricing(request, view, holders, prefills, decodes).cheapest(prefills)
+    node may take the request."""
+    prefills, sources = _candidates(view, now, avoid)
+    return _Pricing(request, view, holders, prefills, sources).cheapest(prefills)
+
+
+def _candidates(
+    view: ClusterView, now: float, avoid: Collection[str]
+) -> tuple[list[NodeLoad], list[NodeLoad]]:
+    """The prefill nodes that may take work and the nodes that may be pulled from."""
+    prefills = [n for n in view.targets("prefill", now) if n.node_id not in avoid]
+    sources = [n for n in view.sources(now) if n.node_id not in avoid]
+    return prefills, sources
 
 
 def cost_without_cache(request: PlacementRequest, view: ClusterView, node: NodeLoad) -> PrefillCost:
@@ -231,11 +252,11 @@ def _holder_groups(
     ]
 
 
-def _pullable(holders: Iterable[PrefixHolder], live: set[str]) -> dict[str, int]:
-    """Leading blocks each live node holds in its pool."""
+def _pullable(holders: Iterable[PrefixHolder], sources: set[str]) -> dict[str, int]:
+    """Leading blocks each source node holds in its pool."""
     cached: dict[str, int] = {}
     for h in holders:
-        if h.tier == PULLABLE_TIER and h.node_id in live and h.num_blocks > 0:
+        if h.tier == PULLABLE_TIER and h.node_id in sources and h.num_blocks > 0:
             cached[h.node_id] = max(cached.get(h.node_id, 0), h.num_blocks)
     return cached
 

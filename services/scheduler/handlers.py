@@ -1,11 +1,12 @@
-"""Bus adapter of the scheduler: heartbeats in, requests in, prefill tasks or errors out."""
+"""Bus adapter of the scheduler: heartbeats and disconnect events in; requests in, placed on a
+prefill node that acknowledges them, and answered (``SubmitReply``) once one did."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
+from services.scheduler.admission import AdmissionGate
 from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.lookup import PrefixLookup, hash_scope, prompt_block_hashes
 from services.scheduler.metrics import SchedulerMetrics
@@ -18,20 +19,26 @@ from services.scheduler.policy import (
     record_placement,
 )
 from shared import subjects
-from shared.bus import Bus
-from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan
+from shared.bus import Bus, BusRequestError, NoResponders
+from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan, TaskAck
 from shared.kv.hashing import BlockHash
-from shared.messages import GenerateRequest, TokenChunk
+from shared.messages import AbortRequest, GenerateRequest, SubmitReply
+from shared.nats_events import disconnected_node
 from shared.rpc.types import PrefixHolder
 
 log = logging.getLogger(__name__)
+#: Prefill nodes tried for one request before it is refused.
+MAX_TRIES = 3
 
 
 class SchedulerHandlers:
-    """Owns the cluster view and the requests being placed; every decision is ``policy.place``'s.
+    """Owns the cluster view, the admission gate and the requests being placed; every
+    decision is ``policy.place``'s.
 
-    Invariant: a placement is recorded in the view in the same event-loop step that computes it
-    (nothing is awaited in between), so requests placed concurrently each see the ones before.
+    Invariants: a placement is recorded in the view in the same event-loop step that computes
+    it (nothing is awaited in between), so requests placed concurrently each see the ones
+    before; a request is answered accepted only after a prefill node acknowledged it, and a
+    node that refused or did not answer is never tried twice for it.
     """
 
     def __init__(
@@ -40,77 +47,141 @@ class SchedulerHandlers:
         view: ClusterView,
         lookup: PrefixLookup,
         metrics: SchedulerMetrics,
+        gate: AdmissionGate,
         *,
         cache_secret: str,
+        secret_fingerprint: str = "",
         slo_s: float | None = None,
+        tbt_slo_s: float | None = None,
+        ack_timeout_s: float = 1.0,
         round_robin: bool = False,
     ) -> None:
         self.bus = bus
         self.view = view
         self.lookup = lookup
         self.metrics = metrics
+        self.gate = gate
         self.cache_secret = cache_secret
+        self.secret_fingerprint = secret_fingerprint
         self.slo_s = slo_s
+        self.tbt_slo_s = tbt_slo_s
+        self.ack_timeout_s = ack_timeout_s
         self.round_robin = round_robin
         self._turn = 0
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._warned_secret: set[str] = set()
 
-    async def on_heartbeat(self, status: NodeStatus) -> None:
+    async def on_heartbeat(self, subject: str, status: NodeStatus) -> None:
         if status.role not in ("prefill", "decode"):
             return
+        if subject != subjects.heartbeats(status.role, status.node_id):
+            log.warning("dropped a heartbeat of %s sent on %s", status.node_id, subject)
+            return
+        self._check_secret(status)
         now = time.monotonic()
-        self.view.update(
-            NodeLoad(
-                node_id=status.node_id,
-                role=status.role,
-                queued_tokens=status.queued_tokens,
-                running_seqs=status.running_seqs,
-                free_blocks=status.free_blocks,
-                total_blocks=status.total_blocks,
-                block_size=status.block_size,
-                last_seen=now,
-                draining=status.draining,
-                model_id=status.model_id,
-                kv_dtype=status.kv_dtype,
-                block_bytes=status.block_bytes,
-                max_num_batched_tokens=status.max_num_batched_tokens,
-                fetch_bandwidth=dict(status.fetch_bandwidth),
-            )
-        )
+        self.view.update(_node_load(status, now))
         self.view.timing.add(status.node_id, status.role, status.step_samples)
         self.view.forget_dead(now)
 
-    async def submit(self, request: GenerateRequest) -> None:
-        """Bus callback: places the request in the background, so a slow cachemeta lookup
-        never holds up the requests behind it."""
-        task = asyncio.create_task(self.on_request(request))
-        self._in_flight.add(task)
-        task.add_done_callback(self._done)
+    def _check_secret(self, status: NodeStatus) -> None:
+        mine, theirs = self.secret_fingerprint, status.secret_fingerprint
+        if mine and theirs and mine != theirs and status.node_id not in self._warned_secret:
+            self._warned_secret.add(status.node_id)
+            log.error(
+                "node %s uses another cache secret than this scheduler: its blocks will never "
+                "match the prefixes placements look up (set the same CRESCENT_CACHE_SECRET)",
+                status.node_id,
+            )
 
-    async def drain(self, timeout_s: float) -> None:
-        """Waits for requests being placed, up to ``timeout_s``."""
-        if self._in_flight:
-            await asyncio.wait(list(self._in_flight), timeout=timeout_s)
+    async def on_disconnect(self, data: bytes) -> None:
+        """A node's NATS connection closed: it takes no work from now on (a restarted node
+        comes back with its next heartbeat)."""
+        node_id = disconnected_node(data)
+        node = self.view.nodes.get(node_id) if node_id else None
+        if node is not None:
+            log.warning("node %s disconnected from NATS", node_id)
+            node.last_seen = min(
+                node.last_seen, time.monotonic() - self.view.heartbeat_timeout_s - 1
+            )
 
-    async def on_request(self, request: GenerateRequest) -> None:
-        ask = PlacementRequest(len(request.prompt_token_ids), request.sampling.max_tokens)
-        if self.round_robin:
-            hashes, holders = [], []
-            self._turn += 1
-            decision = place_round_robin(ask, self.view, self._turn, time.monotonic(), self.slo_s)
-        else:
+    async def on_request(self, request: GenerateRequest) -> SubmitReply:
+        """Places the request and answers once a prefill node took it, or says why not."""
+        now = time.monotonic()
+        refused = self.gate.enter(now, resumed=request.resume)
+        if refused is not None:
+            return self._refuse(request, refused)
+        try:
+            return await self._place(request)
+        except Exception:
+            log.exception("placing a request failed")
+            return SubmitReply(accepted=False, error="the scheduler failed", error_code=503)
+        finally:
+            self.gate.leave(time.monotonic())
+
+    async def _place(self, request: GenerateRequest) -> SubmitReply:
+        rid = request.request_id
+        ask = PlacementRequest(
+            len(request.prompt_token_ids), request.sampling.max_tokens, request_id=rid
+        )
+        hashes: list[BlockHash] = []
+        holders: list[PrefixHolder] = []
+        if not self.round_robin:
             hashes = self._block_hashes(request)
             holders = await self.lookup.match(hashes)
-            decision = place(ask, self.view, holders, time.monotonic(), self.slo_s)
-        if isinstance(decision, Rejection):
-            await self._reject(request, decision)
-            return
-        record_placement(self.view, decision, ask)
-        self.metrics.placed(decision, ask)
-        self.lookup.touch(hashes[: _matched(holders)])
-        await self.bus.publish(
-            subjects.prefill_tasks(decision.prefill_node), _task(request, decision)
+        avoid: set[str] = set()
+        for _ in range(MAX_TRIES):
+            decision = self._decide(ask, holders, avoid, request.resume)
+            if isinstance(decision, Rejection):
+                return self._refuse(request, decision)
+            record_placement(self.view, decision, ask)
+            ack = await self._offer(decision, request)
+            if ack is not None and ack.accepted:
+                self.metrics.placed(decision, ask)
+                self.lookup.touch(hashes[: _matched(holders)])
+                return SubmitReply(
+                    accepted=True,
+                    prefill_node=decision.prefill_node,
+                    prefill_epoch=ack.epoch,
+                    decode_node=decision.decode_node,
+                )
+            self.view.withdraw(rid)
+            if ack is not None and ack.error_code is not None:
+                return SubmitReply(accepted=False, error=ack.reason, error_code=ack.error_code)
+            avoid.add(decision.prefill_node)
+        return SubmitReply(
+            accepted=False, error="no prefill node accepted the request", error_code=503
         )
+
+    def _decide(
+        self, ask: PlacementRequest, holders: list[PrefixHolder], avoid: set[str], resumed: bool
+    ) -> Placement | Rejection:
+        now = time.monotonic()
+        if self.round_robin:
+            self._turn += 1
+            return place_round_robin(
+                ask, self.view, self._turn, now, self.slo_s, tbt_slo_s=self.tbt_slo_s,
+                avoid=avoid, resumed=resumed,
+            )  # fmt: skip
+        return place(
+            ask, self.view, holders, now, self.slo_s, tbt_slo_s=self.tbt_slo_s, avoid=avoid,
+            resumed=resumed,
+        )  # fmt: skip
+
+    async def _offer(self, placement: Placement, request: GenerateRequest) -> TaskAck | None:
+        """Hands the task to the prefill node; None when it did not answer."""
+        node = placement.prefill_node
+        task = _task(request, placement)
+        try:
+            return await self.bus.request(
+                subjects.prefill_tasks(node), task, TaskAck, self.ack_timeout_s
+            )
+        except NoResponders:
+            log.warning("prefill node %s is gone; placing %s elsewhere", node, request.request_id)
+        except BusRequestError as exc:
+            # It may have taken the task and lost only its answer: make sure it stops.
+            log.warning("prefill node %s did not answer (%s); placing elsewhere", node, exc)
+            abort = AbortRequest(request_id=request.request_id, only_node=node)
+            await self.bus.publish(subjects.ABORTS, abort)
+        return None
 
     def _block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
         scope = hash_scope(self.view.live("prefill", time.monotonic()))
@@ -122,23 +193,37 @@ class SchedulerHandlers:
             request.prompt_token_ids, scope, self.cache_secret, request.tenant, request.cache_salt
         )
 
-    async def _reject(self, request: GenerateRequest, rejection: Rejection) -> None:
+    def _refuse(self, request: GenerateRequest, rejection: Rejection) -> SubmitReply:
         self.metrics.rejected(rejection)
-        log.warning("rejected %s: %s", request.request_id, rejection.reason)
-        error = TokenChunk(
-            request_id=request.request_id,
-            index=0,
-            token_ids=[],
+        log.info("refused %s: %s", request.request_id, rejection.cause)
+        return SubmitReply(
+            accepted=False,
             error=rejection.reason,
             error_code=rejection.status,
             retry_after_s=rejection.retry_after_s,
         )
-        await self.bus.publish(subjects.tokens(request.request_id), error)
 
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._in_flight.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("placing a request failed", exc_info=task.exception())
+
+def _node_load(status: NodeStatus, now: float) -> NodeLoad:
+    return NodeLoad(
+        node_id=status.node_id,
+        role=status.role,
+        queued_tokens=status.queued_tokens,
+        running_seqs=status.running_seqs,
+        free_blocks=status.free_blocks,
+        total_blocks=status.total_blocks,
+        block_size=status.block_size,
+        last_seen=now,
+        draining=status.draining,
+        model_id=status.model_id,
+        kv_dtype=status.kv_dtype,
+        block_bytes=status.block_bytes,
+        max_num_batched_tokens=status.max_num_batched_tokens,
+        fetch_bandwidth=dict(status.fetch_bandwidth),
+        epoch=status.epoch,
+        healthy=status.healthy,
+        finishing=tuple((left, kv) for left, kv in status.finishing_seqs),
+    )
 
 
 def _matched(holders: list[PrefixHolder]) -> int:
@@ -148,7 +233,7 @@ def _matched(holders: list[PrefixHolder]) -> int:
 def _task(request: GenerateRequest, placement: Placement) -> PrefillTask:
     return PrefillTask(
         request=request,
-        decode_node=placement.decode_node,
+        decode_nodes=list(placement.decode_nodes),
         pulls=[
             PullPlan(node_id=p.node_id, first_block=p.first_block, num_blocks=p.num_blocks)
             for p in placement.pulls

@@ -1,20 +1,26 @@
-"""Wires the scheduler: settings, bus, cachemeta client, subscriptions, metrics."""
+"""Wires the scheduler: settings, bus, cachemeta client, subscriptions, heartbeat, metrics."""
 
 from __future__ import annotations
 
-from nats.aio.subscription import Subscription
+import asyncio
+import contextlib
+import time
+import uuid
 
+from services.scheduler.admission import AdmissionGate
 from services.scheduler.cluster import ClusterView
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.lookup import PrefixIndex, PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
 from shared import subjects
-from shared.bus import Bus
+from shared.bus import Bus, NatsBus, Subscription
 from shared.cluster_messages import NodeStatus
+from shared.heartbeat import heartbeat_loop
 from shared.messages import GenerateRequest
 from shared.ops_http import OpsServer
 from shared.runtime import run_service
+from shared.secrets import secret_fingerprint
 
 #: How long a stopping scheduler waits for requests it is still placing.
 DRAIN_S = 2.0
@@ -22,20 +28,34 @@ DRAIN_S = 2.0
 
 class SchedulerService:
     """Owns the scheduler's connections. ``index`` replaces the cachemeta client that
-    ``CRESCENT_CACHEMETA_URL`` would give (tests pass a fake)."""
+    ``CRESCENT_CACHEMETA_URL`` would give, and ``bus`` the NATS connection (tests pass
+    fakes)."""
 
-    def __init__(self, settings: SchedulerSettings, index: PrefixIndex | None = None) -> None:
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        index: PrefixIndex | None = None,
+        bus: Bus | None = None,
+    ) -> None:
         self.settings = settings
-        self.bus: Bus | None = None
+        self.scheduler_id = subjects.check_token(
+            settings.scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}", "scheduler id"
+        )
+        self.epoch = uuid.uuid4().hex[:16]
+        self.bus = bus
         self.ops: OpsServer | None = None
         self.index = index
         self.metrics: SchedulerMetrics | None = None
         self.handlers: SchedulerHandlers | None = None
         self.requests: Subscription | None = None
+        self._beat: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         s = self.settings
-        self.bus = await Bus.connect(s.nats_url, "crescent-scheduler")
+        if self.bus is None:
+            name = f"crescent-{self.scheduler_id}"
+            self.bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
+        bus = self.bus
         view = ClusterView(s.heartbeat_timeout_s, timing=s.step_times(), costs=s.cost_params())
         metrics = self.metrics = SchedulerMetrics(view)
         if self.index is None:
@@ -46,39 +66,76 @@ class SchedulerService:
             retry_s=s.cachemeta_retry_s,
             on_fallback=metrics.fell_back,
         )
-        handlers = SchedulerHandlers(
-            self.bus,
+        self.handlers = handlers = SchedulerHandlers(
+            bus,
             view,
             lookup,
             metrics,
+            AdmissionGate(s.scheduler_max_pending),
             cache_secret=s.cache_secret,
+            secret_fingerprint=secret_fingerprint(s.cache_secret),
             slo_s=s.ttft_slo_s,
+            tbt_slo_s=s.tbt_slo_s,
+            ack_timeout_s=s.ack_timeout_ms / 1000,
             round_robin=s.placement == "round_robin",
         )
-        self.handlers = handlers
         if s.metrics_port is not None:
-            bus = self.bus
             self.ops = OpsServer(
                 s.metrics_host, s.metrics_port, lambda: bus.connected, metrics.registry
             )
             self.ops.start()
-        await self.bus.subscribe(subjects.HEARTBEATS, NodeStatus, handlers.on_heartbeat)
-        self.requests = await self.bus.subscribe(
-            subjects.REQUESTS, GenerateRequest, handlers.submit, queue=subjects.SCHEDULER_QUEUE
+        await bus.watch(subjects.HEARTBEATS_ALL, NodeStatus, handlers.on_heartbeat)
+        await bus.subscribe_raw(subjects.DISCONNECTS, handlers.on_disconnect)
+        warmup = s.heartbeat_timeout_s if s.warmup_s is None else s.warmup_s
+        await self._learn_cluster(view, warmup)
+        self.requests = await bus.serve(
+            subjects.REQUESTS, GenerateRequest, handlers.on_request, queue=subjects.SCHEDULER_QUEUE
         )
+        self._beat = asyncio.create_task(
+            heartbeat_loop(bus, s.heartbeat_interval_s, self._status, self._status_now)
+        )
+
+    async def _learn_cluster(self, view: ClusterView, timeout_s: float) -> None:
+        """Listens to heartbeats before taking requests, so a replica that just started does
+        not refuse them for want of a view the other replicas have; gives up after one
+        heartbeat timeout (a cluster without nodes is then answered truthfully)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            now = time.monotonic()
+            if view.targets("prefill", now) and view.targets("decode", now):
+                return
+            await asyncio.sleep(0.05)
+
+    def _status_now(self) -> NodeStatus:
+        return NodeStatus(node_id=self.scheduler_id, role="scheduler", epoch=self.epoch)
+
+    async def _status(self) -> NodeStatus:
+        return self._status_now()
 
     async def stop(self) -> None:
         if self.requests is not None:
             await self.requests.unsubscribe()
         if self.handlers is not None:
-            await self.handlers.drain(DRAIN_S)
+            await self._drain(self.handlers)
             await self.handlers.lookup.close()
+        if self._beat is not None:
+            self._beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._beat
         if self.index is not None:
             await self.index.close()
         if self.bus is not None:
             await self.bus.close()
         if self.ops is not None:
             self.ops.stop()
+
+    async def _drain(self, handlers: SchedulerHandlers) -> None:
+        """Lets the placements in progress finish (their requests are answered)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DRAIN_S
+        while handlers.gate.pending and loop.time() < deadline:
+            await asyncio.sleep(0.02)
 
 
 def _cachemeta_client(settings: SchedulerSettings) -> PrefixIndex | None:
@@ -87,7 +144,8 @@ def _cachemeta_client(settings: SchedulerSettings) -> PrefixIndex | None:
         return None
     from shared.rpc.client import CacheMetaClient
 
-    client: PrefixIndex = CacheMetaClient(settings.cachemeta_url)
+    token = settings.cachemeta_token_value()
+    client: PrefixIndex = CacheMetaClient(settings.cachemeta_url, token=token)
     return client
 
 

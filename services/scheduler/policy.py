@@ -1,17 +1,20 @@
 """Where a request runs: a pure function of the request, the cluster as last seen, and where
 its prompt's leading blocks are cached (Mooncake's Conductor).
 
-For each live prefill node the predicted time to first token (TTFT) is
+For each prefill node that may take work the predicted time to first token (TTFT) is
 
     queue wait + fetch time of the cached blocks it lacks + prefill time of the rest
 
-and the cheapest node wins; the decode node is the one with room whose next step is predicted
-fastest. No I/O and no framework here, so the simulator and the unit tests run exactly this code.
+and the cheapest node wins. Decode nodes are ranked by their load predicted for when that
+prefill ends (``forecast.py``): those with room first, the fastest predicted step first. A
+request is refused at once (429) when its TTFT or, on every decode node, its time between
+tokens would miss an objective. No I/O and no framework here, so the simulator and the unit
+tests run exactly this code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, CostParams, NodeLoad
@@ -23,12 +26,14 @@ from services.scheduler.costs import (
     cost_without_cache,
     prefill_costs,
 )
-from services.scheduler.timing import decode_step_seconds
+from services.scheduler.forecast import DecodeForecast, blocks_needed, forecast, retry_after
+from services.scheduler.inflight import InFlight
 from shared.rpc.types import PrefixHolder
 
 __all__ = [
     "ClusterView",
     "CostParams",
+    "DecodeForecast",
     "NodeLoad",
     "Placement",
     "PlacementRequest",
@@ -38,22 +43,32 @@ __all__ = [
     "blocks_needed",
     "place",
     "place_round_robin",
-    "predicted_tbt",
     "prefill_costs",
+    "rank_decodes",
     "record_placement",
 ]
+
+#: Decode nodes a placement names; the prefill node hands off to the first that accepts.
+MAX_DECODE_CANDIDATES = 3
 
 
 @dataclass(frozen=True, slots=True)
 class Placement:
-    """Where a request runs, what its prefill node pulls first, and what that should cost."""
+    """Where a request runs, what its prefill node pulls first, and what that should cost.
+    ``decode_nodes`` are ranked, best first (at least one); ``placed_at`` is the ``now`` it was
+    computed for, so ``placed_at + predicted_ttft_s`` is when its prefill should end."""
 
     prefill_node: str
-    decode_node: str
+    decode_nodes: list[str]
     pulls: tuple[Pull, ...] = ()
     predicted_ttft_s: float = 0.0
     num_cached_tokens: int = 0
     predicted_tbt_s: float = 0.0
+    placed_at: float = 0.0
+
+    @property
+    def decode_node(self) -> str:
+        return self.decode_nodes[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,34 +82,65 @@ class Rejection:
     cause: str = "no_node"
 
 
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """What a placement must respect besides load. A resumed request (the continuation of one
+    already accepted) is never refused by an objective, only for want of nodes."""
+
+    ttft_slo_s: float | None
+    tbt_slo_s: float | None
+    avoid: Collection[str]
+    resumed: bool
+
+
 def place(
     request: PlacementRequest,
     view: ClusterView,
     holders: Sequence[PrefixHolder],
     now: float,
     slo_s: float | None = None,
+    *,
+    tbt_slo_s: float | None = None,
+    avoid: Collection[str] = (),
+    resumed: bool = False,
 ) -> Placement | Rejection:
-    """The cheapest prefill node and the best decode node for ``request``; a 503 when a role
-    has no live node, a 429 when even the cheapest TTFT exceeds ``slo_s``. ``holders`` is
-    cachemeta's answer for the prompt's blocks (empty: place without regard to caches)."""
-    best = cheapest_prefill(request, view, holders, now)
+    """The cheapest prefill node and the ranked decode nodes for ``request``, none of them in
+    ``avoid``; a 503 when a role has no node to take it, a 429 when even the cheapest TTFT
+    exceeds ``slo_s`` or no decode node is predicted to meet ``tbt_slo_s`` with room (unless
+    ``resumed``). ``holders`` is cachemeta's answer for the prompt's blocks (empty: place
+    without regard to caches)."""
+    terms = _Terms(slo_s, tbt_slo_s, avoid, resumed)
+    best = cheapest_prefill(request, view, holders, now, avoid)
     if best is None:
         return Rejection("no prefill node is available", cause="no_prefill_node")
     return _finish(
-        request, view, now, best, lambda: prefill_costs(request, view, holders, now), slo_s
+        request, view, now, best, lambda: prefill_costs(request, view, holders, now, avoid), terms
     )
 
 
 def place_round_robin(
-    request: PlacementRequest, view: ClusterView, turn: int, now: float, slo_s: float | None = None
+    request: PlacementRequest,
+    view: ClusterView,
+    turn: int,
+    now: float,
+    slo_s: float | None = None,
+    *,
+    tbt_slo_s: float | None = None,
+    avoid: Collection[str] = (),
+    resumed: bool = False,
 ) -> Placement | Rejection:
-    """The cache-oblivious baseline (for benchmarks): the ``turn``-th live prefill node in id
-    order, no pulls; decode node and SLO check as in ``place``."""
-    prefills = sorted(view.live("prefill", now), key=lambda n: n.node_id)
+    """The cache-oblivious baseline (for benchmarks): the ``turn``-th prefill node in id order
+    of those that may take work and are not in ``avoid``, no pulls; decode nodes and
+    objectives as in ``place``."""
+    terms = _Terms(slo_s, tbt_slo_s, avoid, resumed)
+    prefills = sorted(
+        (n for n in view.targets("prefill", now) if n.node_id not in avoid),
+        key=lambda n: n.node_id,
+    )
     if not prefills:
         return Rejection("no prefill node is available", cause="no_prefill_node")
     cost = cost_without_cache(request, view, prefills[turn % len(prefills)])
-    return _finish(request, view, now, cost, lambda: [cost], slo_s)
+    return _finish(request, view, now, cost, lambda: [cost], terms)
 
 
 def _finish(
@@ -103,28 +149,80 @@ def _finish(
     now: float,
     chosen: PrefillCost,
     all_costs: Callable[[], Sequence[PrefillCost]],
-    slo_s: float | None,
+    terms: _Terms,
 ) -> Placement | Rejection:
-    """Checks the SLO for the chosen prefill node, then adds the decode node. ``all_costs``
-    prices every candidate, which only a rejection's Retry-After needs."""
-    decodes = view.live("decode", now)
+    """Checks the TTFT objective for the chosen prefill node, then ranks the decode nodes at
+    the time its prefill should end. ``all_costs`` prices every candidate, which only a
+    rejection's Retry-After needs."""
+    decodes = [n for n in view.targets("decode", now) if n.node_id not in terms.avoid]
     if not decodes:
         return Rejection("no decode node is available", cause="no_decode_node")
+    slo_s = None if terms.resumed else terms.ttft_slo_s
     if slo_s is not None and chosen.ttft_s > slo_s:
         reason = (
             f"The predicted time to first token ({chosen.ttft_s:.2f} s) exceeds the service "
             f"objective of {slo_s:.2f} s; the servers are overloaded, retry later."
         )
         return Rejection(reason, 429, _retry_after(all_costs(), slo_s), cause="ttft_slo")
-    decode, tbt = _choose_decode(decodes, request, view)
+    at = now + chosen.ttft_s
+    ranked = rank_decodes([forecast(n, view, request, at) for n in decodes])
+    tbt_slo_s = None if terms.resumed else terms.tbt_slo_s
+    if tbt_slo_s is not None:
+        meeting = [f for f in ranked if _meets(f, tbt_slo_s)]
+        if not meeting:
+            return _decode_rejection(request, view, decodes, ranked, tbt_slo_s)
+        ranked = meeting
     return Placement(
         prefill_node=chosen.node_id,
-        decode_node=decode.node_id,
+        decode_nodes=[f.node_id for f in ranked[:MAX_DECODE_CANDIDATES]],
         pulls=chosen.pulls,
         predicted_ttft_s=chosen.ttft_s,
         num_cached_tokens=chosen.cached_tokens,
-        predicted_tbt_s=tbt,
+        predicted_tbt_s=ranked[0].tbt_s,
+        placed_at=now,
     )
+
+
+def rank_decodes(forecasts: Sequence[DecodeForecast]) -> list[DecodeForecast]:
+    """Best first: the nodes with room by predicted time between tokens (then fewer sequences,
+    then id); after them those without room, fewest sequences first (the request would queue
+    there rather than fail)."""
+
+    return sorted(forecasts, key=_rank_key)
+
+
+def _rank_key(f: DecodeForecast) -> tuple[int, float, int, str]:
+    if f.fits:
+        return (0, f.tbt_s, f.seqs, f.node_id)
+    return (1, float(f.seqs), 0, f.node_id)
+
+
+def _meets(f: DecodeForecast, tbt_slo_s: float) -> bool:
+    return f.fits and f.tbt_s <= tbt_slo_s
+
+
+def _decode_rejection(
+    request: PlacementRequest,
+    view: ClusterView,
+    decodes: Sequence[NodeLoad],
+    ranked: Sequence[DecodeForecast],
+    tbt_slo_s: float,
+) -> Rejection:
+    """Every decode node is predicted too slow or too full when the prefill would end
+    (``ranked``: their forecasts, best first)."""
+    if any(f.fits for f in ranked):
+        cause, what = "tbt_slo", f"a time between tokens over {tbt_slo_s * 1000:.0f} ms"
+    else:
+        cause, what = "kv_full", "no room for its KV cache"
+    # Only the most promising few are forecast again: a refusal must stay cheap under load.
+    best = {f.node_id for f in ranked[:MAX_DECODE_CANDIDATES]}
+    nodes = [n for n in decodes if n.node_id in best]
+    retry = retry_after(nodes, view, request, ranked[0].at, lambda f: _meets(f, tbt_slo_s))
+    reason = (
+        f"Every decode node is predicted to have {what} when this request's prefill ends; "
+        "the servers are overloaded, retry later."
+    )
+    return Rejection(reason, 429, retry, cause=cause)
 
 
 def _retry_after(costs: Sequence[PrefillCost], slo_s: float) -> float:
@@ -134,45 +232,20 @@ def _retry_after(costs: Sequence[PrefillCost], slo_s: float) -> float:
     return max(1.0, min(min(c.ttft_s - slo_s, c.wait_s) for c in costs))
 
 
-def predicted_tbt(node: NodeLoad, request: PlacementRequest, view: ClusterView) -> float:
-    """One decode step of ``node`` with this request added to its batch and its KV."""
-    coef = view.timing.coefficients(node.node_id, "decode")
-    batch = node.running_seqs + node.placed_seqs + 1
-    used_blocks = max(node.total_blocks - node.free_blocks, 0) + node.placed_blocks
-    context = used_blocks * node.block_size + request.num_prompt_tokens
-    return decode_step_seconds(coef, batch, context)
-
-
-def _choose_decode(
-    decodes: Sequence[NodeLoad], request: PlacementRequest, view: ClusterView
-) -> tuple[NodeLoad, float]:
-    """The fastest predicted node among those with room; when none has room, the one with the
-    fewest sequences (the request queues there rather than failing)."""
-    tbt = {n.node_id: predicted_tbt(n, request, view) for n in decodes}
-    with_room = [n for n in decodes if _has_room(n, request)]
-    if with_room:
-        chosen = min(with_room, key=lambda n: (tbt[n.node_id], _seqs(n), n.node_id))
-    else:
-        chosen = min(decodes, key=lambda n: (_seqs(n), n.node_id))
-    return chosen, tbt[chosen.node_id]
-
-
 def record_placement(view: ClusterView, placement: Placement, request: PlacementRequest) -> None:
-    """Counts the request against its nodes until their next heartbeats."""
-    prefill = view.nodes[placement.prefill_node]
-    prefill.placed_tokens += request.num_prompt_tokens - placement.num_cached_tokens
+    """Counts the request on its prefill node until that node's next heartbeat, and on its
+    first decode node until it is due there (``ClusterView.withdraw(request.request_id)``
+    uncounts it if it will not come)."""
     decode = view.nodes[placement.decode_node]
-    decode.placed_seqs += 1
-    decode.placed_blocks += blocks_needed(decode, request)
-
-
-def blocks_needed(node: NodeLoad, request: PlacementRequest) -> int:
-    return -(-(request.num_prompt_tokens + request.max_tokens) // node.block_size)
-
-
-def _seqs(node: NodeLoad) -> int:
-    return node.running_seqs + node.placed_seqs
-
-
-def _has_room(node: NodeLoad, request: PlacementRequest) -> bool:
-    return node.free_blocks - node.placed_blocks >= blocks_needed(node, request)
+    view.record(
+        InFlight(
+            request_id=request.request_id,
+            prefill_node=placement.prefill_node,
+            prefill_tokens=request.num_prompt_tokens - placement.num_cached_tokens,
+            decode_node=placement.decode_node,
+            placed_at=placement.placed_at,
+            arrives_at=placement.placed_at + placement.predicted_ttft_s,
+            blocks=blocks_needed(decode, request),
+            context_tokens=request.num_prompt_tokens,
+        )
+    )

@@ -1,8 +1,11 @@
 """Cached KV blocks crossing the engine's edge: what the catalogue learns of the pool, blocks
 pinned for a peer's pull, and prompt prefixes imported from a peer.
 
-Every method runs on the engine thread (through ``AsyncEngine.call``), between steps, so no
-block changes while one of them looks at it.
+Every method runs holding the engine's lock (``shared.node.engine_host.EngineHost``'s
+bookkeeping calls), which a step takes while it plans and books but not during its forward
+pass. So a method may run while the model computes; that is safe because each touches only
+blocks no running sequence is writing (cached, pinned or free blocks) and the pool's
+bookkeeping, which the step only changes under the lock.
 """
 
 from __future__ import annotations

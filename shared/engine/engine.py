@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -24,6 +25,10 @@ from shared.kv.hashing import BlockHash, block_checksum, root_hash
 from shared.kv.pool import BlockPool
 from shared.model.sampler import SampledToken
 from shared.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+Sampled = list[tuple[Sequence, SampledToken]]
+MAX_ERROR_LENGTH = 512
 
 
 class LLMEngine:
@@ -133,6 +138,15 @@ class LLMEngine:
         seq.finish_reason = FinishReason.ABORT
         return True
 
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """Ends every request in flight with an error output: the last resort of a host whose
+        steps keep failing for a reason the engine cannot pin on any request."""
+        outputs = []
+        for seq in list(self._sequences.values()):
+            self._importing.pop(seq.request_id, None)  # its blocks are freed with it
+            outputs.append(self._fail(seq, error))
+        return outputs
+
     def load(self) -> EngineLoad:
         """A snapshot of how busy the engine is, for heartbeats and placement."""
         queued = sum(s.num_tokens - s.num_computed_tokens for s in self.scheduler.waiting)
@@ -158,7 +172,8 @@ class LLMEngine:
         return len(self._sequences)
 
     def step(self) -> list[RequestOutput]:
-        """Runs one batch through the model and returns the requests that got a token.
+        """Runs one batch through the model and returns the requests that got a token, or
+        that failed (an error output each). It never raises because the model did.
 
         ``lock`` is held while the step plans and while it books its results, not while the
         model runs, so bookkeeping that leaves the batch's sequences alone (heartbeat
@@ -170,15 +185,17 @@ class LLMEngine:
                 return []
             context = sum(c.seq.num_computed_tokens for c in plan.chunks)
         started = time.perf_counter()
-        sampled = self.runner.execute(plan)
+        sampled, failed = self._execute(plan)
         elapsed = time.perf_counter() - started
         with self.lock:
             tokens = sum(c.num_new for c in plan.chunks)
             self.step_timings.append(StepTiming(len(plan.chunks), tokens, context, elapsed))
-            self._advance(plan)
+            self._advance(plan, failed)
             self.stats.steps += 1
+            self.stats.failed_steps += bool(failed)
             self.stats.preemptions += len(plan.preempted)
-            return [self._append(seq, token) for seq, token in sampled]
+            outputs = [self._fail(seq, error) for seq, error in failed.items()]
+            return outputs + [self._append(seq, token) for seq, token in sampled]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         """Convenience for scripts and tests: runs prompts to completion as one batch."""
@@ -192,9 +209,46 @@ class LLMEngine:
                     final[out.request_id] = out
         return [final[i] for i in ids]
 
-    def _advance(self, plan: SchedulerOutput) -> None:
+    def _execute(self, plan: SchedulerOutput) -> tuple[Sampled, dict[Sequence, str]]:
+        """The step's sampled tokens, and the sequences that failed it with the reason.
+
+        When the batch raises, each chunk runs again alone (it rewrites the same KV slots, so
+        that is safe): the chunks that still fail are the culprits and the others keep their
+        results. When no chunk fails alone the cause is unknown, and the whole batch fails,
+        once, rather than being retried forever.
+        """
+        try:
+            return self.runner.execute(plan), {}
+        except Exception as exc:
+            log.exception("a step of %d sequences failed; retrying each alone", len(plan.chunks))
+            cause = _describe(exc)
+        sampled: Sampled = []
+        failed: dict[Sequence, str] = {}
+        for chunk in plan.chunks if len(plan.chunks) > 1 else ():
+            try:
+                sampled += self.runner.execute(SchedulerOutput([chunk]))
+            except Exception as exc:
+                log.exception("request %s fails on its own", chunk.seq.request_id)
+                failed[chunk.seq] = _describe(exc)
+        if not failed:
+            return [], {c.seq: cause for c in plan.chunks}
+        return sampled, failed
+
+    def _fail(self, seq: Sequence, error: str) -> RequestOutput:
+        """Ends a sequence with an error output. Its blocks go back to the pool even when it
+        asked to hold them: nobody would ever release a failed request's blocks."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = FinishReason.ERROR
+        self.scheduler.remove(seq)
+        self._sequences.pop(seq.request_id, None)
+        self.stats.failed_requests += 1
+        return RequestOutput.of(seq, [], [], error)
+
+    def _advance(self, plan: SchedulerOutput, failed: dict[Sequence, str]) -> None:
         for chunk in plan.chunks:
             seq = chunk.seq
+            if seq in failed:
+                continue
             start = seq.num_computed_tokens
             prompt_part = max(0, min(seq.num_prompt_tokens, start + chunk.num_new) - start)
             seq.num_prompt_tokens_computed += prompt_part
@@ -203,6 +257,8 @@ class LLMEngine:
             self.kv.cache_computed_blocks(seq)
 
     def _append(self, seq: Sequence, sampled: SampledToken) -> RequestOutput:
+        if sampled.error is not None:
+            return self._fail(seq, sampled.error)
         if seq.num_output_tokens == 0:
             self.stats.prompt_tokens_cached += max(seq.num_cached_tokens, 0)
         seq.token_ids.append(sampled.token_id)
@@ -217,16 +273,8 @@ class LLMEngine:
             if seq.hold_blocks:
                 self._held[seq.request_id] = seq
             del self._sequences[seq.request_id]
-        return RequestOutput(
-            request_id=seq.request_id,
-            new_token_ids=[sampled.token_id],
-            output_token_ids=seq.output_token_ids,
-            num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=max(seq.num_cached_tokens, 0),
-            finished=reason is not None,
-            finish_reason=reason,
-            new_logprobs=[sampled.logprobs] if sampled.logprobs is not None else [],
-        )
+        logprobs = [sampled.logprobs] if sampled.logprobs is not None else []
+        return RequestOutput.of(seq, [sampled.token_id], logprobs)
 
     def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
         p = seq.params
@@ -275,3 +323,7 @@ class LLMEngine:
             )
             self._roots[cache_salt] = root
         return root
+
+
+def _describe(exc: Exception) -> str:
+    return f"the engine failed on this request: {type(exc).__name__}: {exc}"[:MAX_ERROR_LENGTH]

@@ -24,7 +24,7 @@ class ModelRunner:
         self.cache = cache
         self.block_size = cache.layout.block_size
         self.device = cache.tensor.device
-        self.sampler = Sampler()
+        self.sampler = Sampler(self.device)
         # Grown on demand, never shrunk: the decode group's gathered K and V of each layer.
         self._gather_space = torch.empty(0, device=self.device, dtype=cache.tensor.dtype)
 
@@ -38,12 +38,10 @@ class ModelRunner:
         if not samplers:
             return []
         logits = self.model.compute_logits(hidden[sample_rows])
-        for seq in samplers:
-            if seq.generator is None and not seq.params.greedy:
-                seq.generator = _make_generator(seq.params.seed, self.device)
-        tokens = self.sampler.sample(
-            logits, [s.params for s in samplers], [s.generator for s in samplers]
-        )
+        # The position in the whole completion, so that a resumed request draws what the
+        # uninterrupted one would have.
+        at = [s.params.output_offset + s.num_output_tokens for s in samplers]
+        tokens = self.sampler.sample(logits, [s.params for s in samplers], at)
         return list(zip(samplers, tokens, strict=True))
 
     def _prepare(
@@ -112,12 +110,3 @@ class ModelRunner:
             self._gather_space = self._gather_space.new_empty(need)
         space = self._gather_space[:need].view(2, num_chunks, width)
         return space[0], space[1]
-
-
-def _make_generator(seed: int | None, device: torch.device) -> torch.Generator:
-    gen = torch.Generator(device=device)
-    if seed is None:
-        gen.seed()
-    else:
-        gen.manual_seed(seed)
-    return gen

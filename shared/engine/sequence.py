@@ -11,8 +11,6 @@ from shared.kv.pool import KVBlock
 from shared.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from shared.model.sampler import TokenLogprobs
 
 
@@ -26,6 +24,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"  # an end-of-sequence or stop token
     LENGTH = "length"  # max_tokens or the model's context
     ABORT = "abort"  # the caller gave up on it
+    ERROR = "error"  # computing or sampling it failed; other sequences go on
 
 
 @dataclass(slots=True, eq=False)
@@ -50,7 +49,6 @@ class Sequence:
     num_prompt_tokens_computed: int = 0
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
     finish_reason: FinishReason | None = None
-    generator: torch.Generator | None = None
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     hold_blocks: bool = False  # keep the blocks referenced after finishing, until released
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shared.engine.sequence import FinishReason
+from shared.engine.sequence import FinishReason, Sequence
 from shared.model.sampler import TokenLogprobs
 
 
 @dataclass(slots=True)
 class RequestOutput:
-    """What one step produced for one request."""
+    """What one step produced for one request. A request whose computation failed ends with
+    ``finish_reason`` ERROR, ``finished`` true, no new token and ``error`` saying why."""
 
     request_id: str
     new_token_ids: list[int]
@@ -20,6 +21,24 @@ class RequestOutput:
     finished: bool
     finish_reason: FinishReason | None = None
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    error: str | None = None
+
+    @classmethod
+    def of(
+        cls, seq: Sequence, new: list[int], logprobs: list[TokenLogprobs], error: str | None = None
+    ) -> RequestOutput:
+        """The output of ``seq`` as it stands, with this step's new tokens."""
+        return cls(
+            request_id=seq.request_id,
+            new_token_ids=new,
+            output_token_ids=seq.output_token_ids,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_cached_tokens=max(seq.num_cached_tokens, 0),
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            new_logprobs=logprobs,
+            error=error,
+        )
 
 
 @dataclass(slots=True)
@@ -50,6 +69,8 @@ class EngineStats:
     output_tokens: int = 0
     preemptions: int = 0
     prompt_tokens_imported: int = 0
+    failed_requests: int = 0  # ended with an error output
+    failed_steps: int = 0  # batches whose forward pass or sampling raised
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from shared.sampling_params import SamplingParams
+from shared.sampling_params import MIN_TEMPERATURE, SamplingParams
+
+log = logging.getLogger(__name__)
+NO_TOKEN = -1
+# What a logprob of -inf is reported as (OpenAI reports impossible tokens the same way), so
+# every reported number is finite.
+LOGPROB_FLOOR = -9999.0
+_NEG_INF = float("-inf")
 
 
 @dataclass(slots=True)
@@ -25,39 +34,115 @@ class TokenLogprobs:
 
 @dataclass(slots=True)
 class SampledToken:
+    """One row's result: a token id in the vocabulary, or ``NO_TOKEN`` with ``error`` saying
+    why this row could not be sampled."""
+
     token_id: int
     logprobs: TokenLogprobs | None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Cleaned:
+    """Logits with NaN as -inf, and a row holding +inf entries turned into a uniform choice
+    among them (0 there, -inf elsewhere); per row, the greedy id and whether any candidate
+    is left."""
+
+    logits: torch.Tensor
+    greedy: list[int]
+    usable: list[bool]
+    logprobs: torch.Tensor | None
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, want_logprobs: bool) -> _Cleaned:
+        x = logits.float()
+        x = x.masked_fill(x.isnan(), _NEG_INF)
+        inf = x.isposinf()
+        x = torch.where(inf.any(dim=-1, keepdim=True), torch.where(inf, 0.0, _NEG_INF), x)
+        facts = torch.stack([x.argmax(dim=-1), (x > _NEG_INF).any(dim=-1).long()]).tolist()
+        logprobs = torch.log_softmax(x, dim=-1) if want_logprobs else None
+        return cls(x, facts[0], [bool(u) for u in facts[1]], logprobs)
 
 
 class Sampler:
-    """Stateless: every random draw uses the generator handed in for that row, so a seeded
-    request draws the same numbers whichever batch it shares."""
+    """Owns the random generators. A seeded row draws from a generator seeded with
+    ``(seed, position)`` only, so its token depends on neither the batch it shares nor what
+    the sequence did before: a completion resumed at position ``k`` on another node draws
+    exactly what the first node would have. Unseeded rows share one generator seeded from
+    the operating system. Logit values never make it raise or return an id outside the
+    vocabulary; a row that cannot be sampled gets ``NO_TOKEN`` and fails alone."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self._random = torch.Generator(device=device)
+        self._random.seed()
+        self._seeded = torch.Generator(device=device)
 
     def sample(
         self,
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None],
+        positions: Sequence[int],
     ) -> list[SampledToken]:
-        logits = logits.float()
-        greedy_ids = logits.argmax(dim=-1).tolist()
+        """One token per row of ``logits``; ``positions[i]`` is the completion position the
+        token of row ``i`` will take."""
         want_logprobs = any(p.logprobs is not None for p in params)
-        logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        batch: _Cleaned | None = None
+        try:
+            batch = _Cleaned.of(logits, want_logprobs)
+        except Exception:  # each row then tries alone, so one bad row fails only itself
+            log.exception("sampling a batch of %d rows failed", logits.shape[0])
         out: list[SampledToken] = []
-        for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-            token = greedy_ids[row] if p.greedy else _draw(logits[row], p, gen)
-            lp = None
-            if logprobs is not None and p.logprobs is not None:
-                lp = _token_logprobs(logprobs[row], token, p.logprobs)
-            out.append(SampledToken(token, lp))
+        for row, (p, position) in enumerate(zip(params, positions, strict=True)):
+            try:
+                if batch is None:
+                    alone = _Cleaned.of(logits[row : row + 1], p.logprobs is not None)
+                    out.append(self._sample_row(alone, 0, p, position))
+                else:
+                    out.append(self._sample_row(batch, row, p, position))
+            except Exception as exc:
+                log.exception("sampling row %d failed", row)
+                out.append(SampledToken(NO_TOKEN, None, f"sampling failed: {exc!r}"[:512]))
         return out
 
+    def _sample_row(
+        self, batch: _Cleaned, row: int, p: SamplingParams, position: int
+    ) -> SampledToken:
+        if not batch.usable[row]:
+            return SampledToken(NO_TOKEN, None, "the model gave no token a finite logit")
+        logits = batch.logits[row]
+        if p.greedy:
+            token = batch.greedy[row]
+        else:
+            token = _draw(logits, p, self._generator(p.seed, position))
+        if not 0 <= token < logits.shape[-1] or logits[token] == _NEG_INF:
+            # A draw can only land outside the candidates through a numerical accident;
+            # the most likely token is then the one answer that is surely allowed.
+            token = batch.greedy[row]
+        lp = None
+        if batch.logprobs is not None and p.logprobs is not None:
+            lp = _token_logprobs(batch.logprobs[row], token, p.logprobs)
+        return SampledToken(token, lp)
 
-def _draw(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    scaled = logits / p.temperature
-    if p.top_k > 0 and p.top_k < scaled.shape[-1]:
+    def _generator(self, seed: int | None, position: int) -> torch.Generator:
+        if seed is None:
+            return self._random
+        self._seeded.manual_seed(position_seed(seed, position))
+        return self._seeded
+
+
+def position_seed(seed: int, position: int) -> int:
+    """The 64-bit seed of the draw at ``position`` of a completion seeded with ``seed``."""
+    data = seed.to_bytes(8, "little") + position.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _draw(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator) -> int:
+    # Shifting the maximum to 0 keeps every scaled value finite or -inf: the best token keeps
+    # weight 1, so the softmax always has mass. The floor keeps the divisor a normal float32.
+    scaled = (logits - logits.max()) / max(p.temperature, MIN_TEMPERATURE)
+    if 0 < p.top_k < scaled.shape[-1]:
         kth = torch.topk(scaled, p.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        scaled = scaled.masked_fill(scaled < kth, _NEG_INF)
     if p.top_p < 1.0:
         scaled = _top_p_filter(scaled, p.top_p)
     probs = torch.softmax(scaled, dim=-1)
@@ -67,16 +152,17 @@ def _draw(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) 
 def _top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     """Keeps the smallest set of most likely tokens whose probability mass reaches top_p."""
     sorted_logits, order = torch.sort(logits, descending=True)
-    cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+    probs = torch.softmax(sorted_logits, dim=-1)
     # A token stays if the mass before it is still below top_p; the first token always stays.
-    drop_sorted = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+    drop_sorted = (probs.cumsum(dim=-1) - probs) >= top_p
     drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-    return logits.masked_fill(drop, float("-inf"))
+    return logits.masked_fill(drop, _NEG_INF)
 
 
 def _token_logprobs(row: torch.Tensor, token: int, num_top: int) -> TokenLogprobs:
+    row = row.clamp(min=LOGPROB_FLOOR)
     top: list[tuple[int, float]] = []
     if num_top:
-        values, ids = torch.topk(row, num_top)
+        values, ids = torch.topk(row, min(num_top, row.shape[-1]))
         top = list(zip(ids.tolist(), values.tolist(), strict=True))
     return TokenLogprobs(token, float(row[token]), top)

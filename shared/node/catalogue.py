@@ -8,8 +8,8 @@ import time
 import uuid
 from collections.abc import Sequence
 
-from shared.engine.async_engine import AsyncEngine
 from shared.engine.cache_exchange import CachedBlock
+from shared.node.engine_host import EngineHost
 from shared.rpc.client import CacheMetaClient, CacheMetaError, CacheMetaUnavailable
 from shared.rpc.types import BlockRecord, TierCapacity
 
@@ -29,7 +29,7 @@ class CatalogueSync:
     def __init__(
         self,
         client: CacheMetaClient,
-        engine: AsyncEngine,
+        engine: EngineHost,
         node_id: str,
         role: str,
         block_bytes: int,
@@ -79,7 +79,7 @@ class CatalogueSync:
         if not self.in_step:
             await self._resync()
             return
-        stored, evicted = await self.engine.call_now(self.engine.engine.exchange.drain_events)
+        stored, evicted = await self.engine.drain_events()
         # A failure from here on loses these events; in_step=False (set by run) recovers.
         self.in_step = False
         if evicted:
@@ -93,7 +93,7 @@ class CatalogueSync:
         await self.client.register_blocks(self.node_id, TIER, [], replace=True)
 
     async def _resync(self) -> None:
-        blocks = await self.engine.call_now(self.engine.engine.exchange.snapshot)
+        blocks = await self.engine.snapshot()
         await self.client.register_blocks(self.node_id, TIER, self._records(blocks), replace=True)
         self.in_step = True
 

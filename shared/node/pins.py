@@ -1,50 +1,50 @@
-"""Serving a node's cached blocks to peers: pin on request, hand the buffers to the transfer
-server, unpin when the peer releases the pin or its lease expires.
+"""Serving a node's blocks to the nodes that pull them: pins of cached blocks for peers, the
+leased KV of a finished prefill, and the transfer server's lookups of both.
 
 Prefill nodes serve the prompt blocks they computed; decode nodes serve what they hold too,
-generated tokens included, so the next turn of a chat can pull its history instead of
-recomputing it.
+generated tokens included, so a chat's next turn, or a request moved off a draining decode
+node, can pull that history instead of recomputing it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 
 import numpy as np
 
 from shared.cluster_messages import PinReply, PinRequest
-from shared.engine.async_engine import AsyncEngine
 from shared.kv.hashing import HASH_BYTES
 from shared.model.kv_cache import PagedKVCache
-from shared.node.leases import Lease, LeaseTable
+from shared.node.engine_host import EngineHost
+from shared.node.ledger import Lease, Ledger
 
 log = logging.getLogger(__name__)
 
 
-class PinServer:
-    """Owns the pins this node granted to peers (as ``pinned`` leases in ``leases``, a table it
-    may share with other leases of the node) and their counters.
+class BlockServer:
+    """Owns the pins this node granted and the answers to pulls (both kept as leases in the
+    node's ``Ledger``).
 
-    Invariant: a pinned lease is unpinned exactly once, by ``end`` after ``LeaseTable.pop`` or
-    ``LeaseTable.expire`` returned it; while it lives its blocks cannot be evicted.
+    Invariant: a lease is ended exactly once, by ``end`` after the ledger handed it out
+    (released, aborted or expired); until then its blocks cannot be evicted, and a pull can
+    read exactly the blocks it names, with its token.
     """
 
     MAX_PIN_BLOCKS = 8192
 
     def __init__(
         self,
-        engine: AsyncEngine,
+        engine: EngineHost,
         cache: PagedKVCache,
-        leases: LeaseTable,
+        ledger: Ledger,
         transfer_kind: str,
         transfer_address: bytes,
     ) -> None:
         self.engine = engine
         self.cache = cache
-        self.leases = leases
+        self.ledger = ledger
         self.transfer_kind = transfer_kind
         self.transfer_address = transfer_address
         self.pins_served = 0
@@ -54,16 +54,19 @@ class PinServer:
         hashes = request.block_hashes[: self.MAX_PIN_BLOCKS]
         if any(len(h) != HASH_BYTES for h in hashes):
             hashes = []
-        pin_id = f"pin-{uuid.uuid4().hex}"
-        exchange = self.engine.engine.exchange
-        pinned = await self.engine.call_now(lambda: exchange.pin(pin_id, hashes)) if hashes else []
-        block_ids = [b for b, _ in pinned]
-        if block_ids:
-            self.leases.grant(pin_id, pin_id, block_ids, time.monotonic(), pinned=True)
-            self.pins_served += 1
+        lease = self.ledger.grant("", [], time.monotonic())
+        pinned = await self.engine.pin(lease.token, hashes) if hashes else []
+        if not pinned:
+            self.ledger.release(lease.token)
+            return self._reply("", [])
+        lease.block_ids = [b for b, _ in pinned]
+        self.pins_served += 1
+        return self._reply(lease.token, pinned)
+
+    def _reply(self, token: str, pinned: list[tuple[int, int]]) -> PinReply:
         return PinReply(
-            lease_id=pin_id if block_ids else "",
-            block_ids=block_ids,
+            lease_id=token,
+            block_ids=[b for b, _ in pinned],
             block_checksums=[c for _, c in pinned],
             transfer_kind=self.transfer_kind,
             transfer_address=self.transfer_address,
@@ -71,25 +74,27 @@ class PinServer:
 
     def provide(self, lease_id: str, block_ids: Sequence[int]) -> list[np.ndarray] | None:
         """Transfer-server callback: buffers of leased blocks, straight from the pool."""
-        allowed = self.leases.blocks_for(lease_id, list(block_ids), time.monotonic())
+        allowed = self.ledger.blocks_for(lease_id, list(block_ids), time.monotonic())
         if allowed is None:
             return None
         return [self.cache.block_buffer(b) for b in allowed]
 
     async def end(self, lease: Lease) -> None:
-        """Unpins the blocks of a pinned lease that was popped or expired."""
-        exchange = self.engine.engine.exchange
-        await self.engine.call_now(lambda: exchange.unpin(lease.lease_id))
+        """Lets the blocks of a lease the ledger handed out go: unpins a pin, returns a held
+        prefill's blocks to the pool (they stay in the prefix cache either way)."""
+        if lease.pinned:
+            await self.engine.unpin(lease.token)
+        else:
+            await self.engine.release_held(lease.request_id)
 
-    async def release(self, lease_id: str) -> None:
-        """The peer has pulled (or given up): the blocks may be evicted again."""
-        lease = self.leases.pop(lease_id)
-        if lease is not None and lease.pinned:
+    async def release(self, token: str) -> Lease | None:
+        """The puller has pulled (or given up); returns the lease that ended, if any."""
+        lease = self.ledger.release(token)
+        if lease is not None:
             await self.end(lease)
+        return lease
 
     async def expire(self) -> None:
-        """Unpins the pins whose peer never released them; for a node whose table holds only
-        pins (a prefill node expires its shared table itself)."""
-        for lease in self.leases.expire(time.monotonic()):
-            log.warning("pin %s expired before its peer released it", lease.lease_id)
+        for lease in self.ledger.expire(time.monotonic()):
+            log.warning("lease on %d blocks expired before its pull", len(lease.block_ids))
             await self.end(lease)

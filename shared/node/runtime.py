@@ -1,62 +1,115 @@
-"""What every model node runs besides its role: the engine thread, the bus, heartbeats and the
-operations port."""
+"""What every model node runs besides its role: the engine host, the bus, the ledger, the block
+server and puller, heartbeats, the catalogue, the ops port, and the upkeep that ends what
+nobody waits for any more."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from shared.bus import Bus
-from shared.cluster_messages import NodeStatus, StepSample
-from shared.engine.async_engine import AsyncEngine
+from shared import subjects
+from shared.bus import Bus, NatsBus
+from shared.cluster_messages import LeaseRelease, NodeStatus, PinRequest, StepSample
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
-from shared.engine.types import RequestOutput
-from shared.node.common import FetchBandwidth, heartbeat_loop, node_status
+from shared.engine.types import RequestOutput, StepTiming
+from shared.heartbeat import heartbeat_loop
+from shared.messages import AbortRequest, ReplayReply, ReplayRequest, TokenChunk
+from shared.node.catalogue import CatalogueSync
+from shared.node.chunks import error_chunk
+from shared.node.engine_host import EngineHost
+from shared.node.ledger import Ledger
 from shared.node.metrics import NodeMetrics
+from shared.node.pins import BlockServer
+from shared.node.puller import BlockPuller
 from shared.node.settings import NodeSettings
+from shared.node.upkeep import Upkeep
 from shared.ops_http import OpsServer
-
-if TYPE_CHECKING:
-    from shared.node.catalogue import CatalogueSync
+from shared.secrets import secret_fingerprint
+from shared.transfer.base import TransferServer, create_server
 
 log = logging.getLogger(__name__)
 
 
-class NodeRuntime:
-    """Owns the engine (on its own thread), the bus connection, the heartbeat and the ops
-    server of one prefill or decode node, and the background tasks it runs for its role.
+class NodeRole(Protocol):
+    """What a prefill or decode service adds to the runtime."""
 
-    Invariant: after ``stop`` nothing of it runs: tasks cancelled, bus drained, engine thread
-    joined, ops port closed.
+    async def on_outputs(self, outputs: list[RequestOutput]) -> None: ...
+
+    async def on_abort(self, request_id: str) -> None:
+        """Drops what the role keeps of the request (queued work); the runtime does the rest."""
+        ...
+
+    async def drain(self, deadline: float) -> None:
+        """Finishes or hands over what the node holds, by ``deadline`` (monotonic)."""
+        ...
+
+    def describe(self, status: NodeStatus) -> None: ...
+
+
+class NodeRuntime:
+    """Owns one prefill or decode node's engine host, bus connection, ledger, block server,
+    puller, heartbeat, catalogue session and ops server, and the tasks it runs for them.
+
+    Invariants: every request the node accepted ends in the ledger as done, by finishing,
+    failing with an error chunk, being aborted, or being handed over; its leases end with
+    it. After ``stop`` nothing of it runs.
     """
 
-    def __init__(self, settings: NodeSettings, role: str) -> None:
+    def __init__(
+        self,
+        settings: NodeSettings,
+        role: str,
+        *,
+        engine: LLMEngine | None = None,
+        bus: Bus | None = None,
+    ) -> None:
         self.settings = settings
-        self.role = role
+        self.role_name = role
         self.node_id = settings.resolved_node_id(role)
+        self.epoch = uuid.uuid4().hex[:16]
+        self.fingerprint = secret_fingerprint(settings.cache_secret)
+        self.draining = False
+        self._engine = engine
+        self._bus = bus
         self.tasks: list[asyncio.Task[None]] = []
-        self.describe: Callable[[NodeStatus], None] = lambda status: None
         self.metrics = NodeMetrics(self.node_id, role)
+        self.ledger = Ledger(settings.lease_ttl_s)
         self.ops: OpsServer | None = None
-        self.fetch_bandwidth = FetchBandwidth()
         self.catalogue: CatalogueSync | None = None
+        self.role: NodeRole | None = None
+        self.server: TransferServer = create_server(
+            settings.transfer, self._provide, settings.transfer_host
+        )
 
-    async def start(self, on_outputs: Callable[[list[RequestOutput]], Awaitable[None]]) -> None:
+    async def start(self, make_role: Callable[[NodeRuntime], NodeRole]) -> None:
         s = self.settings
-        loaded = await asyncio.to_thread(load_engine, s)
-        self.engine: LLMEngine = loaded.engine
-        self.bus = await Bus.connect(s.nats_url, f"crescent-{self.node_id}")
-        self.async_engine = AsyncEngine(self.engine, on_outputs)
-        self.async_engine.start()
-        self.spawn(heartbeat_loop(self.bus, s.heartbeat_interval_s, self.status))
+        await self.server.start()
+        if self._engine is None:
+            self._engine = (await asyncio.to_thread(load_engine, s)).engine
+        self.engine: LLMEngine = self._engine
+        if self._bus is None:
+            name = f"crescent-{self.node_id}"
+            self._bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
+        self.bus: Bus = self._bus
+        cache = self.engine.runner.cache
+        self.host = EngineHost(self.engine, self._on_outputs, s.step_timeout_s)
+        self.puller = BlockPuller(cache, s.pull_timeout_s)
+        self.blocks = BlockServer(self.host, cache, self.ledger, s.transfer, self.server.address)
+        self.role = make_role(self)
+        self.host.start()
+        await self._subscribe()
+        self.upkeep = Upkeep(self)
+        self.spawn(self.upkeep.run())
+        self.spawn(heartbeat_loop(self.bus, s.heartbeat_interval_s, self.status, self._bare))
         if s.cachemeta_url:
             self._start_catalogue(s)
         if s.metrics_port is not None:
@@ -65,16 +118,22 @@ class NodeRuntime:
             self.ops = OpsServer(s.metrics_host, s.metrics_port, self.healthy, registry)
             self.ops.start()
 
+    async def _subscribe(self) -> None:
+        bus, node = self.bus, self.node_id
+        await bus.subscribe(subjects.ABORTS, AbortRequest, self._on_abort)
+        await bus.subscribe(subjects.lease_releases(node), LeaseRelease, self._on_release)
+        await bus.serve(subjects.peer_pins(node), PinRequest, self.blocks.on_pin)
+        await bus.serve(subjects.replays(node), ReplayRequest, self._on_replay)
+
     def _start_catalogue(self, s: NodeSettings) -> None:
         # Imported here: a node without cachemeta never loads grpc.
-        from shared.node.catalogue import CatalogueSync
         from shared.rpc.client import CacheMetaClient
 
         self.catalogue = CatalogueSync(
-            CacheMetaClient(s.cachemeta_url),
-            self.async_engine,
+            CacheMetaClient(s.cachemeta_url, token=s.cachemeta_token_value()),
+            self.host,
             self.node_id,
-            self.role,
+            self.role_name,
             self.engine.runner.cache.layout.block_bytes,
             sync_interval_s=s.catalogue_sync_s,
             heartbeat_interval_s=s.heartbeat_interval_s,
@@ -84,27 +143,126 @@ class NodeRuntime:
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self.tasks.append(asyncio.create_task(work))
 
+    # -- state and output ---------------------------------------------------------------
+
     def healthy(self) -> bool:
-        return self.bus.connected and not self.async_engine.failed
+        return self.bus.connected and not self.host.stuck()
+
+    @property
+    def takes_work(self) -> bool:
+        return not self.draining and not self.host.stuck()
+
+    async def send(self, chunk: TokenChunk) -> None:
+        """Publishes a chunk of one of this node's requests, signed with who made it."""
+        chunk.node_id = self.node_id
+        chunk.epoch = self.epoch
+        await self.bus.publish(subjects.tokens(chunk.request_id), chunk)
+
+    async def fail(self, request_id: str, message: str, code: int) -> None:
+        """Ends a request with an error its client will see."""
+        holding = self.ledger.finish(request_id, time.monotonic(), error=message, error_code=code)
+        index = holding.next_index if holding is not None else 0
+        await self.send(error_chunk(request_id, message, code, index))
+
+    async def abort(self, request_id: str) -> None:
+        """Stops a request here: role state, engine, leases, ledger."""
+        if self.role is not None:
+            await self.role.on_abort(request_id)
+        await self.host.abort(request_id)
+        for lease in self.ledger.release_all(request_id):
+            await self.blocks.end(lease)
+        self.ledger.finish(request_id, time.monotonic(), reason="abort")
+
+    async def _on_outputs(self, outputs: list[RequestOutput]) -> None:
+        if self.role is not None:
+            await self.role.on_outputs(outputs)
+
+    async def _on_abort(self, abort: AbortRequest) -> None:
+        if abort.only_node and abort.only_node != self.node_id:
+            return
+        if self.ledger.get(abort.request_id) is not None:
+            await self.abort(abort.request_id)
+
+    async def _on_release(self, release: LeaseRelease) -> None:
+        lease = await self.blocks.release(release.lease_id)
+        if lease is not None and lease.request_id:
+            # The decode node has the KV: this node's part of the request is over.
+            self.ledger.finish(lease.request_id, time.monotonic(), reason="handed_over")
+
+    async def _on_replay(self, request: ReplayRequest) -> ReplayReply:
+        return self.ledger.replay(request.request_id, request.from_index)
+
+    def _provide(self, lease_id: str, block_ids: Any) -> Any:
+        return self.blocks.provide(lease_id, block_ids)
+
+    # -- heartbeats ---------------------------------------------------------------------
 
     async def status(self) -> NodeStatus:
-        engine = self.engine
-        load, stats, timings = await self.async_engine.call_now(
-            lambda: (engine.load(), dataclasses.replace(engine.stats), _drain(engine))
-        )
-        status = node_status(self.node_id, self.role, load, engine.config.block_size)
-        status.pid = os.getpid()
+        snap = await self.host.load_snapshot()
+        load, stats, engine = snap.load, snap.stats, self.engine
+        status = self._bare()
+        status.healthy = self.healthy()
+        status.queued_tokens = load.queued_tokens
+        status.running_seqs = load.running_seqs + load.waiting_seqs
+        status.free_blocks = load.free_blocks
+        status.total_blocks = load.total_blocks
         status.model_id = engine.model_id
         status.kv_dtype = engine.config.kv_dtype
         status.block_bytes = engine.runner.cache.layout.block_bytes
         status.max_num_batched_tokens = engine.config.max_num_batched_tokens
-        status.step_samples = timings
+        status.step_samples = [_sample(t) for t in snap.timings]
         status.prompt_tokens_computed = stats.prompt_tokens_computed
         status.prompt_tokens_cached = stats.prompt_tokens_cached + stats.prompt_tokens_imported
-        status.fetch_bandwidth = dict(self.fetch_bandwidth.by_source)
-        self.describe(status)
+        status.fetch_bandwidth = dict(self.puller.bandwidth.by_source)
+        status.kv_bytes_sent = self.server.bytes_sent
+        status.kv_bytes_received = self.puller.bytes_received
+        status.finishing_seqs = snap.finishing
+        if self.role is not None:
+            self.role.describe(status)
         self.metrics.update(status, stats)
         return status
+
+    def _bare(self) -> NodeStatus:
+        """What a heartbeat says without asking the engine."""
+        return NodeStatus(
+            node_id=self.node_id,
+            role=self.role_name,
+            epoch=self.epoch,
+            healthy=self.healthy(),
+            draining=self.draining,
+            transfer_kind=self.settings.transfer,
+            transfer_address=self.server.address,
+            block_size=self.engine.config.block_size,
+            pid=os.getpid(),
+            secret_fingerprint=self.fingerprint,
+        )
+
+    async def beat_now(self) -> None:
+        """An extra heartbeat, so peers learn of a change (draining) without waiting."""
+        try:
+            status = await asyncio.wait_for(self.status(), 1.0)
+        except TimeoutError:
+            status = self._bare()
+        status.ts = time.time()
+        await self.bus.publish(subjects.heartbeats(self.role_name, self.node_id), status)
+
+    # -- stopping -----------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Takes no new work, then lets the role finish or hand over what it holds."""
+        self.draining = True
+        with contextlib.suppress(Exception):
+            await self.beat_now()
+        if self.catalogue is not None:
+            # Peers that take over our requests find our blocks through the catalogue.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.catalogue.sync_once(), 2.0)
+        if self.role is not None:
+            deadline = time.monotonic() + self.settings.drain_timeout_s
+            try:
+                await self.role.drain(deadline)
+            except Exception:
+                log.exception("draining failed")
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -113,9 +271,11 @@ class NodeRuntime:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.bus.close()
-        await self.async_engine.stop()
+        await self.host.stop()
         if self.catalogue is not None:
             await self._leave_catalogue(self.catalogue)
+        await self.puller.close()
+        await self.server.close()
         if self.ops is not None:
             self.ops.stop()
 
@@ -128,8 +288,5 @@ class NodeRuntime:
         await catalogue.client.close()
 
 
-def _drain(engine: LLMEngine) -> list[StepSample]:
-    """The step timings since the last heartbeat, newest 64 at most (enough to fit on)."""
-    timings = list(engine.step_timings)[-64:]
-    engine.step_timings.clear()
-    return [StepSample(t.num_seqs, t.num_tokens, t.num_context_tokens, t.seconds) for t in timings]
+def _sample(t: StepTiming) -> StepSample:
+    return StepSample(t.num_seqs, t.num_tokens, t.num_context_tokens, t.seconds)

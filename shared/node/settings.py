@@ -8,9 +8,11 @@ from pydantic import Field
 
 from shared import subjects
 from shared.config import EngineSettings
+from shared.nats_auth import NatsAuthSettings
+from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field
 
 
-class NodeSettings(EngineSettings):
+class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     """A model-running node: the engine's settings plus its place in the cluster."""
 
     nats_url: str = "nats://127.0.0.1:4222"
@@ -19,9 +21,8 @@ class NodeSettings(EngineSettings):
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)
     lease_ttl_s: float = Field(default=30.0, gt=0, description="held KV waits this long for a pull")
-    cache_secret: str = Field(
-        default="crescent-dev-cache-secret",
-        description="key of the per-tenant cache salts; the same on every node of a deployment",
+    cache_secret: CacheSecret = cache_secret_field(
+        "key of the per-tenant cache salts; the same on every node of a deployment"
     )
     cachemeta_url: str = Field(
         default="", description="host:port of cachemeta; empty: blocks are not catalogued"
@@ -31,6 +32,22 @@ class NodeSettings(EngineSettings):
     )
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
+    step_timeout_s: float = Field(
+        default=120.0, gt=0, description="a step running longer makes the node report unhealthy"
+    )
+    handoff_timeout_s: float = Field(
+        default=1.0, gt=0, description="wait this long for a node to acknowledge a hand-off"
+    )
+    max_waiting: int = Field(
+        default=256, ge=1, description="requests a node queues at most; more are refused"
+    )
+    pull_timeout_s: float = Field(default=10.0, gt=0, description="bound on one KV pull")
+    gateway_check_s: float = Field(
+        default=2.0, gt=0, description="how often a node asks gateways if requests are wanted"
+    )
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, description="on SIGTERM, time to finish or hand over held requests"
+    )
 
     def resolved_node_id(self, role: str) -> str:
         return subjects.check_token(self.node_id or f"{role}-{uuid.uuid4().hex[:8]}", "node id")

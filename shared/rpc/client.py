@@ -4,6 +4,11 @@ Every call is unary with a deadline and ``wait_for_ready=False``: while the serv
 fail fast with ``CacheMetaUnavailable`` instead of queueing, and a channel that lost its server is
 replaced, so the first call after the service is back connects at once instead of waiting out
 gRPC's reconnect backoff.
+
+Every call carries the deployment's token (``authorization: Bearer <token>``) when one is given.
+The server caps the lists of one call (``MAX_BLOCKS_PER_CALL`` entries, ``MAX_TOKENS_PER_BLOCK``
+token ids per block); this client splits longer registrations, drops and touches into several
+calls, and matches at most the first ``MAX_BLOCKS_PER_CALL`` blocks of a chain.
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from shared.rpc import cachemeta_pb2_grpc as pb_grpc
 from shared.rpc.types import BlockRecord, CatalogueStats, NodeInfo, PrefixHolder, TierCapacity
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: Entries of one list in one call (blocks, hashes); more are refused with INVALID_ARGUMENT.
+MAX_BLOCKS_PER_CALL = 8192
+#: Token ids of one block (the largest block size a node accepts).
+MAX_TOKENS_PER_BLOCK = 1024
+AUTH_METADATA = "authorization"
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -55,7 +65,14 @@ class CacheMetaClient:
     slot included.
     """
 
-    def __init__(self, target: str, *, timeout_s: float = 1.0, max_in_flight: int = 64) -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        timeout_s: float = 1.0,
+        max_in_flight: int = 64,
+        token: str | None = None,
+    ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if max_in_flight < 1:
@@ -68,32 +85,40 @@ class CacheMetaClient:
         self._stub: pb_grpc.CacheMetaStub | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._metadata = ((AUTH_METADATA, f"Bearer {token}"),) if token else None
 
     async def register_blocks(
         self, node_id: str, tier: str, blocks: Sequence[BlockRecord], *, replace: bool = False
     ) -> int:
         """Adds replicas of ``blocks`` on ``node_id``/``tier``; with ``replace`` they become the
-        node's whole content of that tier. Returns how many replicas were new."""
+        node's whole content of that tier. Returns how many replicas were new.
+
+        More than ``MAX_BLOCKS_PER_CALL`` blocks go in several calls, only the first with
+        ``replace``: if a later one fails, the catalogue holds a part of the node's blocks
+        (never a block the node lacks), and the caller's next snapshot repairs it."""
+        chunks = [blocks[i : i + MAX_BLOCKS_PER_CALL] for i in _chunks(len(blocks))]
+        total = 0
+        for i, chunk in enumerate(chunks):
+            total += await self._register(node_id, tier, chunk, replace and i == 0)
+        return total
+
+    async def _register(
+        self, node_id: str, tier: str, blocks: Sequence[BlockRecord], replace: bool
+    ) -> int:
         request = pb.RegisterBlocksRequest(
-            node_id=node_id,
-            tier=tier,
-            replace=replace,
-            blocks=[
-                pb.Block(
-                    block_hash=b.block_hash,
-                    parent_hash=b.parent_hash,
-                    token_ids=b.token_ids,
-                    num_bytes=b.num_bytes,
-                    checksum=b.checksum,
-                )
-                for b in blocks
-            ],
+            node_id=node_id, tier=tier, replace=replace, blocks=[_block_to_pb(b) for b in blocks]
         )
         reply = await self._call("RegisterBlocks", lambda s, t: s.RegisterBlocks(request, **t))
         return int(reply.num_registered)
 
     async def drop_blocks(self, node_id: str, tier: str, block_hashes: Sequence[bytes]) -> int:
         """Removes replicas on ``node_id``/``tier``; returns how many it had."""
+        total = 0
+        for i in _chunks(len(block_hashes)):
+            total += await self._drop(node_id, tier, block_hashes[i : i + MAX_BLOCKS_PER_CALL])
+        return total
+
+    async def _drop(self, node_id: str, tier: str, block_hashes: Sequence[bytes]) -> int:
         request = pb.DropBlocksRequest(node_id=node_id, tier=tier, block_hashes=block_hashes)
         reply = await self._call("DropBlocks", lambda s, t: s.DropBlocks(request, **t))
         return int(reply.num_dropped)
@@ -107,13 +132,21 @@ class CacheMetaClient:
     ) -> list[PrefixHolder]:
         """Per holder (node, tier) the number of leading blocks of the chain it holds, longest
         first; holders of no leading block are left out, and so are holders outside ``tiers``
-        unless it is empty."""
-        request = pb.MatchPrefixRequest(block_hashes=block_hashes, tiers=tiers)
+        unless it is empty. Only the first ``MAX_BLOCKS_PER_CALL`` blocks are matched."""
+        request = pb.MatchPrefixRequest(
+            block_hashes=block_hashes[:MAX_BLOCKS_PER_CALL], tiers=tiers
+        )
         reply = await self._call("MatchPrefix", lambda s, t: s.MatchPrefix(request, **t), timeout_s)
         return [PrefixHolder(h.node_id, h.tier, h.num_blocks) for h in reply.holders]
 
     async def touch_blocks(self, block_hashes: Sequence[bytes]) -> int:
         """Records one access of each block; returns how many of them the catalogue knows."""
+        total = 0
+        for i in _chunks(len(block_hashes)):
+            total += await self._touch(block_hashes[i : i + MAX_BLOCKS_PER_CALL])
+        return total
+
+    async def _touch(self, block_hashes: Sequence[bytes]) -> int:
         request = pb.TouchBlocksRequest(block_hashes=block_hashes)
         reply = await self._call("TouchBlocks", lambda s, t: s.TouchBlocks(request, **t))
         return int(reply.num_touched)
@@ -186,7 +219,8 @@ class CacheMetaClient:
             stub, channel = self._connect()
             remaining = max(deadline - time.monotonic(), 0.001)
             try:
-                return await invoke(stub, {"timeout": remaining, "wait_for_ready": False})
+                options = {"timeout": remaining, "wait_for_ready": False}
+                return await invoke(stub, options | {"metadata": self._metadata})
             except grpc.aio.AioRpcError as exc:
                 code = exc.code()
                 if code in _UNAVAILABLE:
@@ -217,6 +251,22 @@ class CacheMetaClient:
         task = asyncio.get_running_loop().create_task(current.close(grace=self.timeout_s))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
+
+
+def _chunks(count: int) -> range:
+    """Where each call's slice starts; one (empty) call for an empty list, since an empty
+    ``replace`` registration still means something."""
+    return range(0, max(count, 1), MAX_BLOCKS_PER_CALL)
+
+
+def _block_to_pb(b: BlockRecord) -> pb.Block:
+    return pb.Block(
+        block_hash=b.block_hash,
+        parent_hash=b.parent_hash,
+        token_ids=b.token_ids,
+        num_bytes=b.num_bytes,
+        checksum=b.checksum,
+    )
 
 
 def _tier_to_pb(tier: TierCapacity) -> pb.TierCapacity:

@@ -237,11 +237,12 @@ def test_concurrent_calls_share_the_channel(served: Served) -> None:
 def test_messages_above_the_default_4_mib_cap(served: Served) -> None:
     client = served.client
     assert client is not None
-    blocks = chain(TOKENS)
-    long_chain = hashes(blocks) + [i.to_bytes(16, "big") for i in range(300_000)]  # ~5.4 MB
+    # 2,200 blocks of 512 token ids of 4 bytes each (as varints): ~4.5 MB in one call.
+    tokens = [1 << 22] * 512
+    blocks = [BlockRecord(i.to_bytes(16, "big"), ROOT, tokens, 100, i) for i in range(1, 2201)]
 
     async def scenario() -> None:
-        await client.register_blocks("n1", "dram", blocks)
-        assert await client.match_prefix(long_chain) == [PrefixHolder("n1", "dram", 10)]
+        assert await client.register_blocks("n1", "dram", blocks) == len(blocks)
+        assert await client.match_prefix(hashes(blocks)) == [PrefixHolder("n1", "dram", 2200)]
 
     served.call(scenario())

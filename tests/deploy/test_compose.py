@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
+import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
+import nats
+import nats.errors
 import pytest
+
+from crescent.nats_config import compose_config, password_variable
+from services.cachemeta.config import CacheMetaSettings
+from services.scheduler.config import SchedulerSettings
+from shared.node.settings import NodeSettings
+from shared.secrets import MIN_SECRET_CHARS
+from tests.support.nats import free_port, nats_server_binary, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
@@ -33,7 +45,7 @@ def compose(*args: str, file: Path = COMPOSE_FILE) -> subprocess.CompletedProces
     )
 
 
-def rendered() -> dict:  # type: ignore[type-arg]
+def rendered() -> dict[str, Any]:
     done = compose("config", "--format", "json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -69,3 +81,77 @@ def test_services_start_only_after_nats_is_healthy() -> None:
     services = rendered()["services"]
     for name in ("gateway", "scheduler", "prefill", "decode"):
         assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy", name
+
+
+ROLES = ("gateway", "scheduler", "prefill", "decode")
+
+
+def test_nats_runs_the_generated_configuration() -> None:
+    config = rendered()
+    # Compose keeps `$$` in what it prints; the container reads a single `$`.
+    content = config["configs"]["nats-config"]["content"].replace("$$", "$")
+    assert content == compose_config(), "regenerate the nats-config content of docker-compose.yml"
+    assert config["services"]["nats"]["configs"][0]["source"] == "nats-config"
+
+
+def test_each_service_connects_as_its_role_with_the_password_nats_expects() -> None:
+    services = rendered()["services"]
+    nats_env = services["nats"]["environment"]
+    for role in ROLES:
+        env = services[role]["environment"]
+        assert env["CRESCENT_NATS_USER"] == role
+        assert env["CRESCENT_NATS_PASSWORD"] == nats_env[password_variable(role)]
+    passwords = [nats_env[password_variable(role)] for role in ROLES]
+    assert len(set(passwords)) == len(ROLES)
+    assert "CRESCENT_NATS_USER" not in services["cachemeta"]["environment"]
+
+
+def test_cachemeta_and_its_callers_share_a_token_the_gateway_lacks() -> None:
+    services = rendered()["services"]
+    token = services["cachemeta"]["environment"]["CRESCENT_CACHEMETA_TOKEN"]
+    assert len(token) >= MIN_SECRET_CHARS
+    for name in ("scheduler", "prefill", "decode"):
+        assert services[name]["environment"]["CRESCENT_CACHEMETA_TOKEN"] == token
+    assert services["gateway"]["environment"]["CRESCENT_CACHEMETA_TOKEN"] == ""
+
+
+def test_the_trial_defaults_pass_the_production_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    services = rendered()["services"]
+    monkeypatch.setenv("CRESCENT_DEV_MODE", "false")
+    for name, settings in (("cachemeta", CacheMetaSettings), ("scheduler", SchedulerSettings)):
+        for key, value in services[name]["environment"].items():
+            monkeypatch.setenv(key, value)
+        settings()
+    env = services["prefill"]["environment"]
+    assert NodeSettings(cache_secret=env["CRESCENT_CACHE_SECRET"]).cache_secret
+
+
+def test_the_services_passwords_open_the_real_server(tmp_path: Path) -> None:
+    services = rendered()["services"]
+    content = rendered()["configs"]["nats-config"]["content"].replace("$$", "$")
+    (tmp_path / "nats.conf").write_text(content)
+    port = free_port()
+    argv = [str(nats_server_binary()), "-c", str(tmp_path / "nats.conf"), "-p", str(port)]
+    argv += ["-a", "127.0.0.1", "-m", str(free_port())]
+    env = os.environ | services["nats"]["environment"]
+    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, 10, server)
+
+        async def scenario() -> None:
+            for role in ROLES:
+                role_env = services[role]["environment"]
+                nc = await nats.connect(
+                    f"nats://127.0.0.1:{port}",
+                    user=role_env["CRESCENT_NATS_USER"],
+                    password=role_env["CRESCENT_NATS_PASSWORD"],
+                    allow_reconnect=False,
+                )
+                await nc.close()
+            with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+                await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False)
+
+        asyncio.run(scenario())
+    finally:
+        server.terminate()
+        server.wait(10)

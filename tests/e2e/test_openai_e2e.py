@@ -15,7 +15,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from shared import subjects
-from shared.bus import Bus
+from shared.bus import NatsBus
 from shared.cluster_messages import NodeStatus
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
@@ -188,13 +188,13 @@ def test_prefill_and_decode_are_separate_processes_and_kv_crosses_ucx(
 
 
 async def latest_heartbeats(nats_url: str) -> dict[str, NodeStatus]:
-    bus = await Bus.connect(nats_url, "e2e-observer")
+    bus = await NatsBus.connect(nats_url, "e2e-observer")
     beats: dict[str, NodeStatus] = {}
 
     async def on_beat(status: NodeStatus) -> None:
         beats[status.node_id] = status
 
-    await bus.subscribe(subjects.HEARTBEATS, NodeStatus, on_beat)
+    await bus.subscribe(subjects.HEARTBEATS_ALL, NodeStatus, on_beat)
     await asyncio.sleep(1.5)  # three heartbeat intervals
     await bus.close()
     return beats

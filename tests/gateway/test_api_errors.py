@@ -41,7 +41,8 @@ def still_serving(http: httpx.Client, model: str) -> None:
         ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"messages": HELLO, "temperature": 5}, "temperature"),
         ({"messages": HELLO, "n": "two"}, "n"),
-        ({"messages": HELLO, "max_tokens": 9000}, "messages"),
+        ({"messages": HELLO, "max_tokens": 9000}, "max_tokens"),
+        ({"messages": HELLO, "max_tokens": 8190}, "messages"),
         ({"messages": HELLO, "presence_penalty": 1}, "presence_penalty"),
         ({"messages": "hi"}, "messages"),
         ({}, "messages"),
@@ -164,13 +165,13 @@ def test_backend_503_passes_through(http: httpx.Client, model_name: str) -> None
     still_serving(http, model_name)
 
 
-def test_no_backend_answer_is_503_and_aborted(
+def test_no_first_token_in_time_is_504_and_aborted(
     http: httpx.Client, model_name: str, fake_engine: FakeEngine
 ) -> None:
     started = time.monotonic()
     body = {"model": model_name, "prompt": "[[silent]]", "n": 2}
-    error = assert_openai_error(http.post("/v1/completions", json=body), 503)
-    assert "No backend answered" in error["message"]
+    error = assert_openai_error(http.post("/v1/completions", json=body), 504)
+    assert error["message"].startswith("No first token came within")
     assert FIRST_TOKEN_TIMEOUT_S <= time.monotonic() - started < FIRST_TOKEN_TIMEOUT_S + 5
     # The two choices of this request are the last requests the engine received.
     recent = fake_engine.requests[-2:]

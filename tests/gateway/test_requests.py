@@ -112,6 +112,23 @@ def test_n_choices_get_consecutive_seeds(builder: RequestBuilder) -> None:
     assert chat(builder, n=2).choices[1].request.sampling.seed is None
 
 
+def test_sampling_value_bounds(builder: RequestBuilder) -> None:
+    error = rejected(chat, builder, temperature=0.005)
+    assert error.message == "temperature must be 0 (greedy) or between 0.01 and 2, got 0.005"
+    error = rejected(chat, builder, temperature=float("nan"))
+    assert error.message == "temperature must be a finite number, got nan"
+    error = rejected(chat, builder, max_tokens=MAX_LEN + 1)
+    assert (
+        error.message
+        == f"max_tokens must be at most {MAX_LEN} (the model's context length), got {MAX_LEN + 1}"
+    )
+    # The last seed wraps for the next sibling rather than leaving the 63-bit range.
+    seeds = [c.request.sampling.seed for c in chat(builder, n=2, seed=2**63 - 1).choices]
+    assert seeds == [2**63 - 1, 0]
+    sampling = chat(builder, temperature=0.01, top_k=2**31).choices[0].request.sampling
+    assert (sampling.temperature, sampling.top_k) == (0.01, 2**31)
+
+
 def test_logprobs_mapping(builder: RequestBuilder) -> None:
     assert chat(builder, logprobs=True).options.logprobs == 0
     assert chat(builder, logprobs=True, top_logprobs=3).choices[0].request.sampling.logprobs == 3
@@ -139,9 +156,17 @@ def test_stop_cache_salt_and_stream_options(builder: RequestBuilder) -> None:
     ("fields", "param"),
     [
         ({"temperature": 2.5}, "temperature"),
+        ({"temperature": 1e-300}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("inf")}, "temperature"),
         ({"top_p": 0}, "top_p"),
+        ({"top_p": float("nan")}, "top_p"),
         ({"top_k": -2}, "top_k"),
+        ({"top_k": 2**31 + 1}, "top_k"),
         ({"seed": -1}, "seed"),
+        ({"seed": 2**63}, "seed"),
+        ({"max_tokens": 10**12}, "max_tokens"),
+        ({"max_completion_tokens": MAX_LEN + 1}, "max_completion_tokens"),
         ({"n": 0}, "n"),
         ({"n": 5}, "n"),
         ({"max_tokens": 0}, "max_tokens"),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
 from services.gateway import errors
-from services.gateway.auth import ApiKeys
-from services.gateway.config import GatewaySettings, parse_api_keys
+from services.gateway.auth import ApiKeys, key_digest, key_line, parse_api_keys, parse_key_file
+from services.gateway.config import GatewaySettings
 from services.gateway.errors import ApiError
 from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -20,33 +22,121 @@ def test_settings_come_from_crescent_variables(monkeypatch: pytest.MonkeyPatch) 
     settings = GatewaySettings()
     assert (settings.host, settings.port) == ("127.0.0.1", 9001)
     assert settings.nats_url == "nats://10.0.0.1:4222"
-    assert settings.tenants_by_key == {"k1": "a", "k2": "b"}
+    assert settings.tenants_by_digest == {key_digest("k1"): "a", key_digest("k2"): "b"}
     assert settings.served_model_name == "smol"
     assert settings.max_request_bytes == 4 * 1024 * 1024
 
 
-@pytest.mark.parametrize("raw", ["nokey", "k:", ":t", "k:a,k:b"])
-def test_malformed_api_keys_are_refused(raw: str) -> None:
-    with pytest.raises(ValueError):
+SECRET_KEY = "sk-live-4f9c2a7d1e"
+
+
+def every_text(info: pytest.ExceptionInfo[ValidationError]) -> str:
+    error = info.value
+    return f"{error}\n{error!r}\n{error.json()}\n{error.errors()!r}"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        SECRET_KEY,
+        f"{SECRET_KEY}:",
+        f":{SECRET_KEY}",
+        f"{SECRET_KEY}:a,{SECRET_KEY}:b",
+        f"{SECRET_KEY}:two words",
+        f"ok:fine,{SECRET_KEY}",
+    ],
+)
+def test_malformed_api_keys_are_refused_without_showing_a_key(
+    raw: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError) as plain:
         parse_api_keys(raw)
-    with pytest.raises(ValidationError):
-        GatewaySettings(api_keys=raw)
+    assert SECRET_KEY not in str(plain.value)
+    with pytest.raises(ValidationError) as info:
+        GatewaySettings.model_validate({"api_keys": raw})
+    assert SECRET_KEY not in every_text(info)
+    monkeypatch.setenv("CRESCENT_API_KEYS", raw)
+    with pytest.raises(ValidationError) as info:
+        GatewaySettings()
+    assert SECRET_KEY not in every_text(info)
+
+
+def test_plain_keys_are_hashed_at_load_and_never_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRESCENT_API_KEYS", f"{SECRET_KEY}:alpha")
+    settings = GatewaySettings()
+    assert SECRET_KEY not in repr(settings) and SECRET_KEY not in str(settings.model_dump())
+    assert settings.tenants_by_digest == {key_digest(SECRET_KEY): "alpha"}
+    assert ApiKeys(settings.tenants_by_digest).tenant(f"Bearer {SECRET_KEY}") == "alpha"
+
+
+def test_a_key_file_lists_digests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "keys"
+    path.write_text(
+        f"# production keys\n\n{key_line(SECRET_KEY, 'alpha')}\n  {key_line('sk-b', 'beta')}  \n"
+    )
+    monkeypatch.setenv("CRESCENT_API_KEYS_FILE", str(path))
+    monkeypatch.setenv("CRESCENT_API_KEYS", "sk-c:gamma")
+    keys = ApiKeys(GatewaySettings().tenants_by_digest)
+    assert keys.tenant(f"Bearer {SECRET_KEY}") == "alpha"
+    assert keys.tenant("Bearer sk-b") == "beta" and keys.tenant("Bearer sk-c") == "gamma"
+    monkeypatch.setenv("CRESCENT_API_KEYS", "sk-b:beta")
+    with pytest.raises(ValidationError, match="in both"):
+        GatewaySettings()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        SECRET_KEY,
+        f"{SECRET_KEY} alpha",
+        f"sha256:{SECRET_KEY} alpha",
+        "sha256:" + "zz" * 32 + " alpha",
+        key_line(SECRET_KEY, "alpha").split()[0],
+        key_line(SECRET_KEY, "alpha") + " extra",
+    ],
+)
+def test_a_bad_key_file_line_is_named_by_number_only(
+    line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "keys"
+    path.write_text(f"# ok\n{line}\n")
+    with pytest.raises(ValueError, match="line 2 of the API key file") as plain:
+        parse_key_file(path.read_text())
+    assert SECRET_KEY not in str(plain.value)
+    monkeypatch.setenv("CRESCENT_API_KEYS_FILE", str(path))
+    with pytest.raises(ValidationError, match="line 2 of CRESCENT_API_KEYS_FILE") as info:
+        GatewaySettings()
+    assert SECRET_KEY not in every_text(info)
+
+
+def test_an_unreadable_key_file_is_named_by_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRESCENT_API_KEYS_FILE", SECRET_KEY)  # a key where a path belongs
+    with pytest.raises(ValidationError, match="cannot read CRESCENT_API_KEYS_FILE") as info:
+        GatewaySettings()
+    assert SECRET_KEY not in every_text(info)
+
+
+def test_a_listed_key_twice_in_the_file_is_refused() -> None:
+    line = key_line(SECRET_KEY, "alpha")
+    with pytest.raises(ValueError, match="line 2 of the API key file: this API key is listed"):
+        parse_key_file(f"{line}\n{line}\n")
 
 
 def test_open_mode_is_tenant_default() -> None:
     keys = ApiKeys({})
     assert keys.open and keys.tenant(None) == "default"
+    assert GatewaySettings.model_validate({"api_keys": ""}).tenants_by_digest == {}
 
 
 @pytest.mark.parametrize("header", [None, "", "Bearer", "Basic sk-a", "Bearer sk-c", "sk-a"])
 def test_missing_or_wrong_keys_are_401(header: str | None) -> None:
     with pytest.raises(ApiError) as info:
-        ApiKeys({"sk-a": "alpha"}).tenant(header)
+        ApiKeys.from_keys({"sk-a": "alpha"}).tenant(header)
     assert info.value.status == 401 and info.value.code == "invalid_api_key"
 
 
 def test_a_listed_key_names_its_tenant() -> None:
-    keys = ApiKeys({"sk-a": "alpha", "sk-b": "beta"})
+    keys = ApiKeys.from_keys({"sk-a": "alpha", "sk-b": "beta"})
     assert keys.tenant("Bearer sk-b") == "beta"
     assert keys.tenant("bearer  sk-a ") == "alpha"
 

@@ -1,37 +1,34 @@
-"""The scheduler service over a real NATS server, with a fake cachemeta client."""
+"""The scheduler service on the in-memory bus, with a fake cachemeta client: placement,
+acknowledged hand-offs to prefill nodes, refusals, and heartbeats it must not trust."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.lookup import HashScope, prompt_block_hashes
 from services.scheduler.main import SchedulerService
 from shared import subjects
-from shared.bus import Bus
-from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan
-from shared.messages import GenerateRequest, SamplingSpec, TokenChunk
+from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan, TaskAck
+from shared.memory_bus import MemoryBus
+from shared.messages import AbortRequest, GenerateRequest, SamplingSpec, SubmitReply
+from shared.nats_events import DISCONNECT_TYPE
 from shared.rpc.client import CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
 from tests.scheduler.fake_cachemeta import FakeCacheMeta
-from tests.support.nats import nats_url as running_nats
 
 SECRET = "test-secret"
 SCOPE = HashScope("smollm2-test", 32, "float32")
 PROMPT = [(7 * i) % 1000 for i in range(2000)]  # 62 cacheable blocks
 WAIT_S = 5.0
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with running_nats(tmp_path_factory.mktemp("nats")) as url:
-        yield url
 
 
 def beat(node_id: str, role: str, **load: Any) -> NodeStatus:
@@ -58,19 +55,21 @@ def generate(request_id: str, prompt: list[int] = PROMPT) -> GenerateRequest:
 
 
 class Harness:
-    """A scheduler service and a client connection that plays the nodes and the gateway."""
+    """A scheduler service on the in-memory bus, and a client that plays the nodes and the
+    gateway. Prefill nodes accept every task unless listed in ``refusing`` or ``silent``."""
 
-    def __init__(self, service: SchedulerService, bus: Bus) -> None:
+    def __init__(self, service: SchedulerService, bus: MemoryBus) -> None:
         self.service = service
         self.bus = bus
         self.tasks: asyncio.Queue[tuple[str, PrefillTask]] = asyncio.Queue()
-        self.chunks: asyncio.Queue[TokenChunk] = asyncio.Queue()
+        self.refusing: set[str] = set()
+        self.silent: set[str] = set()
 
     async def nodes(self, *beats: NodeStatus) -> None:
         for status in beats:
             if status.role == "prefill":
-                await self._collect_tasks(status.node_id)
-            await self.bus.publish(subjects.HEARTBEATS, status)
+                await self._serve_tasks(status.node_id)
+            await self.beat(status)
         handlers = self.service.handlers
         assert handlers is not None
         deadline = time.monotonic() + WAIT_S
@@ -78,10 +77,13 @@ class Harness:
             assert time.monotonic() < deadline, "heartbeats did not arrive"
             await asyncio.sleep(0.01)
 
-    async def send(self, request: GenerateRequest) -> None:
-        await self.bus.subscribe(subjects.tokens(request.request_id), TokenChunk, self.chunks.put)
-        await self.bus.flush()
-        await self.bus.publish(subjects.REQUESTS, request)
+    async def beat(self, status: NodeStatus, subject: str = "") -> None:
+        subject = subject or subjects.heartbeats(status.role, status.node_id)
+        await self.bus.publish(subject, status)
+        await self.bus.settle()
+
+    async def send(self, request: GenerateRequest) -> SubmitReply:
+        return await self.bus.request(subjects.REQUESTS, request, SubmitReply, WAIT_S)
 
     async def next_task(self) -> tuple[str, PrefillTask]:
         return await asyncio.wait_for(self.tasks.get(), WAIT_S)
@@ -93,26 +95,29 @@ class Harness:
     def fallbacks(self, reason: str) -> float:
         return self.sample("crescent_cachemeta_fallbacks_total", {"reason": reason})
 
-    async def _collect_tasks(self, node_id: str) -> None:
-        async def put(task: PrefillTask) -> None:
+    async def _serve_tasks(self, node_id: str) -> None:
+        async def take(task: PrefillTask) -> TaskAck | None:
+            if node_id in self.silent:
+                return None
             await self.tasks.put((node_id, task))
+            refused = node_id in self.refusing
+            return TaskAck(accepted=not refused, node_id=node_id, epoch="e",
+                           reason="draining" if refused else "")  # fmt: skip
 
-        await self.bus.subscribe(subjects.prefill_tasks(node_id), PrefillTask, put)
+        await self.bus.client().serve(subjects.prefill_tasks(node_id), PrefillTask, take)
 
 
 @asynccontextmanager
-async def scheduler(
-    url: str, index: FakeCacheMeta | None, **settings: Any
-) -> AsyncIterator[Harness]:
-    config = SchedulerSettings(nats_url=url, cache_secret=SECRET, **settings)
-    service = SchedulerService(config, index=index)
+async def scheduler(index: FakeCacheMeta | None, **settings: Any) -> AsyncIterator[Harness]:
+    config = SchedulerSettings(cache_secret=SECRET, warmup_s=0, **settings)
+    bus = MemoryBus()
+    service = SchedulerService(config, index=index, bus=bus.client())
     await service.start()
-    bus = await Bus.connect(url, "test-nodes")
     try:
         yield Harness(service, bus)
     finally:
-        await bus.close()
         await service.stop()
+        await bus.close()
 
 
 # A holds the whole prompt but has a long queue; B is idle: B should pull the blocks from A.
@@ -130,14 +135,15 @@ CACHE_DECIDES = (
 )
 
 
-def test_a_prompt_cached_on_a_busy_node_is_pulled_from_it(nats_url: str) -> None:
+def test_a_prompt_cached_on_a_busy_node_is_pulled_from_it() -> None:
     async def scenario() -> None:
         index = FakeCacheMeta([PrefixHolder("A", "dram", 62), PrefixHolder("A", "disk", 62)])
-        async with scheduler(nats_url, index) as h:
+        async with scheduler(index) as h:
             await h.nodes(*LOAD_FORCED)
-            await h.send(generate("r-pull"))
+            reply = await h.send(generate("r-pull"))
+            assert reply.accepted and (reply.prefill_node, reply.decode_node) == ("B", "D")
             node, task = await h.next_task()
-            assert node == "B" and task.decode_node == "D"
+            assert node == "B" and task.decode_nodes == ["D"]
             assert task.pulls == [PullPlan(node_id="A", first_block=0, num_blocks=62)]
             assert 0 < task.predicted_ttft_s < 1
             hashes = prompt_block_hashes(PROMPT, SCOPE, SECRET, "tenant-a")
@@ -151,9 +157,9 @@ def test_a_prompt_cached_on_a_busy_node_is_pulled_from_it(nats_url: str) -> None
     asyncio.run(scenario())
 
 
-def test_with_the_cache_in_view_the_holder_wins(nats_url: str) -> None:
+def test_with_the_cache_in_view_the_holder_wins() -> None:
     async def scenario() -> None:
-        async with scheduler(nats_url, FakeCacheMeta([PrefixHolder("A", "dram", 62)])) as h:
+        async with scheduler(FakeCacheMeta([PrefixHolder("A", "dram", 62)])) as h:
             await h.nodes(*CACHE_DECIDES)
             await h.send(generate("r-local"))
             node, task = await h.next_task()
@@ -171,10 +177,10 @@ def test_with_the_cache_in_view_the_holder_wins(nats_url: str) -> None:
     ],
 )
 def test_without_cachemeta_requests_are_placed_cache_obliviously(
-    nats_url: str, index: FakeCacheMeta | None, reason: str
+    index: FakeCacheMeta | None, reason: str
 ) -> None:
     async def scenario() -> None:
-        async with scheduler(nats_url, index) as h:
+        async with scheduler(index) as h:
             await h.nodes(*CACHE_DECIDES)
             # The first lookup fails, the next ones back off; each request goes to the least
             # loaded node, counting what was placed before it (with the cache, all go to A).
@@ -183,27 +189,25 @@ def test_without_cachemeta_requests_are_placed_cache_obliviously(
                 node, task = await h.next_task()
                 assert (node, task.pulls) == (want, [])
             assert h.fallbacks(reason) >= 1
-            assert h.chunks.empty()  # no request failed
 
     asyncio.run(scenario())
 
 
-def test_concurrent_requests_each_see_the_ones_placed_before(nats_url: str) -> None:
+def test_concurrent_requests_each_see_the_ones_placed_before() -> None:
     async def scenario() -> None:
-        async with scheduler(nats_url, FakeCacheMeta(delay_s=0.05)) as h:
+        async with scheduler(FakeCacheMeta(delay_s=0.05)) as h:
             await h.nodes(beat("A", "prefill"), beat("B", "prefill"), beat("D", "decode"))
-            for i in range(2):
-                await h.send(generate(f"r-concurrent-{i}"))
+            await asyncio.gather(*(h.send(generate(f"r-concurrent-{i}")) for i in range(2)))
             placed = {(await h.next_task())[0] for _ in range(2)}
             assert placed == {"A", "B"}
 
     asyncio.run(scenario())
 
 
-def test_the_round_robin_baseline_ignores_caches(nats_url: str) -> None:
+def test_the_round_robin_baseline_ignores_caches() -> None:
     async def scenario() -> None:
         index = FakeCacheMeta([PrefixHolder("A", "dram", 62)])
-        async with scheduler(nats_url, index, placement="round_robin") as h:
+        async with scheduler(index, placement="round_robin") as h:
             await h.nodes(*CACHE_DECIDES)
             nodes = []
             for i in range(4):
@@ -217,14 +221,13 @@ def test_the_round_robin_baseline_ignores_caches(nats_url: str) -> None:
     asyncio.run(scenario())
 
 
-def test_a_request_over_the_slo_is_rejected_with_429_and_retry_after(nats_url: str) -> None:
+def test_a_request_over_the_slo_is_rejected_with_429_and_retry_after() -> None:
     async def scenario() -> None:
-        async with scheduler(nats_url, FakeCacheMeta(), ttft_slo_ms=50) as h:
+        async with scheduler(FakeCacheMeta(), ttft_slo_ms=50) as h:
             await h.nodes(beat("A", "prefill", queued_tokens=8192), beat("D", "decode"))
-            await h.send(generate("r-slo"))
-            chunk = await asyncio.wait_for(h.chunks.get(), WAIT_S)
-            assert chunk.error_code == 429 and chunk.error and "objective" in chunk.error
-            assert chunk.retry_after_s is not None and chunk.retry_after_s >= 1
+            reply = await h.send(generate("r-slo"))
+            assert not reply.accepted and reply.error_code == 429 and "objective" in reply.error
+            assert reply.retry_after_s is not None and reply.retry_after_s >= 1
             assert h.tasks.empty()
             assert h.sample("crescent_rejections_total", {"cause": "ttft_slo"}) == 1
 
@@ -240,3 +243,98 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.ttft_slo_s == 0.25 and settings.cachemeta_url == "127.0.0.1:50051"
     assert settings.cost_params().max_num_batched_tokens == 512
     assert settings.cache_secret == "crescent-dev-cache-secret"  # the nodes' default
+
+
+def test_a_refusing_or_silent_prefill_node_is_passed_over() -> None:
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta(), ack_timeout_ms=200) as h:
+            await h.nodes(beat("A", "prefill"), beat("B", "prefill"), beat("C", "prefill"),
+                          beat("D", "decode"))  # fmt: skip
+            h.refusing.add("A")
+            h.silent.add("B")
+            reply = await h.send(generate("r-pass"))
+            assert reply.accepted and reply.prefill_node == "C" and reply.prefill_epoch == "e"
+            tried = [(await h.next_task())[0] for _ in range(2)]
+            assert sorted(tried) == ["A", "C"]  # B never answered
+            aborts = [(a.request_id, a.only_node) for s, a in _published(h) if s == subjects.ABORTS]
+            assert aborts == [("r-pass", "B")]  # in case B took it and lost only its answer
+            handlers = h.service.handlers
+            assert handlers is not None
+            # Only C counts the request; what was placed on A and B was withdrawn.
+            assert handlers.view.nodes["A"].placed_tokens == 0
+            assert handlers.view.nodes["C"].placed_tokens > 0
+
+    asyncio.run(scenario())
+
+
+def _published(h: Harness) -> list[tuple[str, AbortRequest]]:
+    bus = h.service.bus
+    assert isinstance(bus, MemoryBus)
+    return [(s, m) for s, m in bus.published if isinstance(m, AbortRequest)]
+
+
+def test_no_prefill_node_is_a_503_and_a_full_queue_a_429() -> None:
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta(), scheduler_max_pending=1) as h:
+            await h.nodes(beat("D", "decode"))
+            reply = await h.send(generate("r-none"))
+            assert not reply.accepted and reply.error_code == 503
+            handlers = h.service.handlers
+            assert handlers is not None
+            handlers.gate.pending = 1  # one placement in progress: the queue is full
+            reply = await h.send(generate("r-full"))
+            assert reply.error_code == 429 and reply.retry_after_s is not None
+            resumed = msgspec.structs.replace(generate("r-resumed"), resume=True)
+            assert (await h.send(resumed)).error_code == 503  # let in, but nobody can take it
+
+    asyncio.run(scenario())
+
+
+def test_forged_and_absurd_heartbeats_are_dropped() -> None:
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta()) as h:
+            await h.nodes(beat("A", "prefill"), beat("D", "decode"))
+            handlers = h.service.handlers
+            assert handlers is not None
+            # Another node's subject: dropped.
+            await h.beat(beat("A", "prefill", draining=True), subjects.heartbeats("prefill", "X"))
+            assert not handlers.view.nodes["A"].draining
+            # A block size of 0 would break every placement: the message does not decode.
+            raw = msgspec.json.encode(beat("A", "prefill")).replace(
+                b'"block_size":32', b'"block_size":0'
+            )
+            await h.bus.publish_raw(subjects.heartbeats("prefill", "A"), raw)
+            await h.bus.settle()
+            assert handlers.view.nodes["A"].block_size == 32
+            reply = await h.send(generate("r-after-forgery"))
+            assert reply.accepted and reply.prefill_node == "A"
+
+    asyncio.run(scenario())
+
+
+def test_a_disconnected_node_gets_no_work_until_it_beats_again() -> None:
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta()) as h:
+            await h.nodes(beat("A", "prefill"), beat("B", "prefill", queued_tokens=5000),
+                          beat("D", "decode"))  # fmt: skip
+            event = {"type": DISCONNECT_TYPE, "client": {"name": "crescent-A"}}
+            await h.bus.publish_raw(subjects.DISCONNECTS, json.dumps(event).encode())
+            await h.bus.settle()
+            reply = await h.send(generate("r-after-disconnect"))
+            assert reply.prefill_node == "B"
+            await h.beat(beat("A", "prefill"))
+            reply = await h.send(generate("r-after-return"))
+            assert reply.prefill_node == "A"
+
+    asyncio.run(scenario())
+
+
+def test_a_resumed_request_is_never_refused_by_the_slo() -> None:
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta(), ttft_slo_ms=50) as h:
+            await h.nodes(beat("A", "prefill", queued_tokens=8192), beat("D", "decode"))
+            assert (await h.send(generate("r-new"))).error_code == 429
+            resumed = msgspec.structs.replace(generate("r-old-r1"), resume=True)
+            assert (await h.send(resumed)).accepted
+
+    asyncio.run(scenario())

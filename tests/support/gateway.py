@@ -44,7 +44,18 @@ class ServedGateway:
                 raise TimeoutError("the gateway did not start")
             time.sleep(0.01)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        self._await_backends(deadline)
         return self
+
+    def _await_backends(self, deadline: float) -> None:
+        """Gives the gateway a moment to hear the backends' heartbeats (its readiness), as a
+        load balancer would wait for ``/health``; a test without backends goes on anyway."""
+        dispatcher = self.service.dispatcher
+        until = min(deadline, time.monotonic() + 3)
+        while dispatcher is not None and time.monotonic() < until:
+            if dispatcher.readiness()[0]:
+                return
+            time.sleep(0.02)
 
     def stop(self, timeout_s: float = 30) -> None:
         if self._server is not None and self._serving is not None:

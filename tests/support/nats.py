@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from crescent.nats_config import NatsAuthFiles, write_nats_auth
+
 NATS_URL_ENV = "CRESCENT_NATS_URL"
 
 
@@ -50,11 +52,13 @@ def wait_for_port(
 @dataclass
 class NatsServer:
     """One running ``nats-server`` process on 127.0.0.1. Invariant: ``url`` accepts
-    connections from ``start`` until ``stop``."""
+    connections from ``start`` until ``stop``; with ``auth``, only from the users of the
+    generated configuration (``crescent.nats_config``), each confined to its role's subjects."""
 
     process: subprocess.Popen[bytes]
     port: int
     store_dir: Path
+    auth: NatsAuthFiles | None = None
 
     @property
     def url(self) -> str:
@@ -62,12 +66,24 @@ class NatsServer:
 
     @classmethod
     def start(
-        cls, store_dir: Path, port: int | None = None, jetstream: bool = True, timeout_s: float = 10
+        cls,
+        store_dir: Path,
+        port: int | None = None,
+        jetstream: bool = True,
+        timeout_s: float = 10,
+        auth: bool | NatsAuthFiles = False,
     ) -> NatsServer:
+        """``auth=True`` generates users and passwords in ``store_dir/auth``; passing the
+        ``auth`` of an earlier server restarts with the same ones."""
         port = port or free_port()
         argv = [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port)]
         if jetstream:
             argv += ["-js", "-sd", str(store_dir)]
+        files = None if auth is False else auth
+        if auth is True:
+            files = write_nats_auth(store_dir / "auth", jetstream=jetstream)
+        if isinstance(files, NatsAuthFiles):
+            argv += ["-c", str(files.config)]
         process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_for_port(port, timeout_s, process)
@@ -75,7 +91,15 @@ class NatsServer:
             process.kill()
             process.wait()
             raise
-        return cls(process, port, store_dir)
+        return cls(process, port, store_dir, files if isinstance(files, NatsAuthFiles) else None)
+
+    def env(self, user: str) -> dict[str, str]:
+        """The variables that make a Crescent service connect as ``user``; none without auth."""
+        return {} if self.auth is None else self.auth.env(user)
+
+    def connect_options(self, user: str) -> dict[str, str]:
+        """Keyword arguments of ``nats.connect`` (or ``NatsBus.connect``) for ``user``."""
+        return {} if self.auth is None else self.auth.connect_options(user)
 
     def stop(self, timeout_s: float = 10) -> None:
         if self.process.poll() is not None:

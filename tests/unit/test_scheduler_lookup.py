@@ -11,7 +11,7 @@ from services.scheduler.cluster import NodeLoad
 from services.scheduler.lookup import HashScope, PrefixLookup, hash_scope, prompt_block_hashes
 from shared.kv.hashing import hash_full_blocks, root_hash
 from shared.messages import GenerateRequest, SamplingSpec
-from shared.node.common import request_salt
+from shared.node.chunks import request_salt
 from shared.rpc.client import CacheMetaError, CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
 from tests.scheduler.fake_cachemeta import FakeCacheMeta

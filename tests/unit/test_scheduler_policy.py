@@ -260,12 +260,16 @@ def test_an_slo_no_queue_explains_retries_after_a_second() -> None:
 
 
 def test_decode_prefers_a_node_with_room() -> None:
+    # SMALL needs 4 blocks. By the end of its 74 ms prefill d2 has made 3 steps of 20 ms, and
+    # its 9 sequences' 27 new tokens took a fifth block: 4 of its 5 free blocks remain.
     v = view(
         node("p", "prefill"),
         node("d1", "decode", free_blocks=3),
-        node("d2", "decode", running_seqs=9, free_blocks=4),
+        node("d2", "decode", running_seqs=9, free_blocks=5),
     )
     assert placed(place(SMALL, v, [], NOW)).decode_node == "d2"
+    v.update(node("d2", "decode", running_seqs=9, free_blocks=4))
+    assert placed(place(SMALL, v, [], NOW)).decode_node == "d1"  # neither has room: fewer seqs
     full = view(
         node("p", "prefill"),
         node("d1", "decode", free_blocks=0, running_seqs=2),
@@ -322,7 +326,9 @@ def test_a_placement_counts_only_the_tokens_to_compute() -> None:
     p = placed(place(LONG, v, [dram("p", 62)], NOW))
     record_placement(v, p, LONG)
     assert v.nodes["p"].placed_tokens == 16
-    assert v.nodes["d"].placed_seqs == 1 and v.nodes["d"].placed_blocks == 63
+    arrivals = v.arrivals("d")
+    assert (arrivals.seqs, arrivals.blocks, arrivals.tokens) == (1, 63, 2000)
+    assert arrivals.entries[0].arrives_at == pytest.approx(NOW + 0.01 + 0.016)
 
 
 def test_long_dead_nodes_are_forgotten() -> None:

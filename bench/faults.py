@@ -1,0 +1,219 @@
+"""Faults made real against a running stack: the stack (`crescent up`, which restarts what
+dies), a load of streaming clients, and the client-side account of what a fault cost.
+
+Used by ``bench/chaos.py`` (the reliability table) and ``tests/chaos`` (its assertions).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from openai import AsyncOpenAI
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+@dataclass
+class Stack:
+    """One `crescent up`, started as a user starts it. Its children carry ``CRESCENT_UP_ID``
+    and their name (``CRESCENT_CHILD_NAME``), so a fault can find and hit each one."""
+
+    proc: subprocess.Popen[str]
+    port: int
+    data_dir: Path
+    output: list[str] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @classmethod
+    def start(
+        cls, data_dir: Path, env: dict[str, str], args: Sequence[str], timeout_s: float = 600
+    ) -> Stack:
+        port = _free_port()
+        argv = [sys.executable, "-m", "crescent", "up", "--port", str(port)]
+        argv += ["--data-dir", str(data_dir), *args]
+        proc = subprocess.Popen(
+            argv, env=os.environ | env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        stack = cls(proc, port, data_dir)
+        deadline = time.monotonic() + timeout_s
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            stack.output.append(line)
+            if line.startswith("Crescent is serving"):
+                return stack
+        proc.kill()
+        raise RuntimeError("crescent up did not become ready:\n" + "".join(stack.output))
+
+    def children(self) -> dict[str, int]:
+        """Name -> pid of every process this stack runs now."""
+        found: dict[str, int] = {}
+        for pid in _pids():
+            env = _environ(pid)
+            if env.get("CRESCENT_UP_ID") and _parent(pid) == self.proc.pid:
+                found[env.get("CRESCENT_CHILD_NAME", str(pid))] = pid
+        return found
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
+        pid = self.children()[name]
+        os.kill(pid, sig)
+        return pid
+
+    def wait_replaced(self, name: str, old_pid: int, timeout_s: float = 120) -> int:
+        """Waits until ``crescent up`` has started ``name`` again; returns the new pid."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pid = self.children().get(name)
+            if pid is not None and pid != old_pid:
+                return pid
+            time.sleep(0.1)
+        raise TimeoutError(f"{name} was not restarted")
+
+    def log(self, name: str) -> str:
+        path = self.data_dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop(self, timeout_s: float = 120) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Outcome:
+    """What one client saw of one streamed request."""
+
+    text: str = ""
+    error: str | None = None
+    finish_reason: str | None = None
+    started: float = 0.0
+    arrivals: list[float] = field(default_factory=list)
+    done: float | None = None
+
+    @property
+    def completed(self) -> bool:
+        return self.error is None and self.finish_reason is not None
+
+    @property
+    def longest_gap_s(self) -> float:
+        times = [self.started, *self.arrivals]
+        return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+async def stream(
+    client: AsyncOpenAI, model: str, prompt: str, max_tokens: int, deadline_s: float = 120
+) -> Outcome:
+    """One greedy chat completion, streamed; never raises (the error is in the outcome)."""
+    out = Outcome(started=time.monotonic())
+    messages: Any = [{"role": "user", "content": prompt}]
+    try:
+        async with asyncio.timeout(deadline_s):
+            chunks = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=max_tokens, temperature=0,
+                stream=True,
+            )  # fmt: skip
+            async for chunk in chunks:
+                for choice in chunk.choices:
+                    if choice.delta.content:
+                        out.text += choice.delta.content
+                        out.arrivals.append(time.monotonic())
+                    if choice.finish_reason:
+                        out.finish_reason = choice.finish_reason
+    except TimeoutError:
+        out.error = f"no answer within {deadline_s:g} s"
+    except Exception as exc:
+        out.error = f"{type(exc).__name__}: {exc}"
+    out.done = time.monotonic()
+    return out
+
+
+@dataclass(frozen=True)
+class Tally:
+    """A fault's cost as clients saw it: requests sent, completed and failed; tokens
+    duplicated and missing against the fault-free run; and the longest a stream waited for
+    its next token."""
+
+    fault: str
+    sent: int
+    completed: int
+    failed: int
+    duplicated: int
+    missing: int
+    recovery_s: float
+    errors: tuple[str, ...] = ()
+
+    @property
+    def clean(self) -> bool:
+        return self.completed == self.sent and self.duplicated == 0 and self.missing == 0
+
+
+def tally(fault: str, outcomes: Sequence[Outcome], expected: Sequence[str], tokens: Any) -> Tally:
+    """Compares each outcome's text with the fault-free run's, token by token (``tokens``
+    turns a text into token ids)."""
+    duplicated = missing = 0
+    for out, want in zip(outcomes, expected, strict=True):
+        if out.error is not None:
+            continue
+        got_ids, want_ids = tokens(out.text), tokens(want)
+        matcher = difflib.SequenceMatcher(a=want_ids, b=got_ids, autojunk=False)
+        for op, a1, a2, b1, b2 in matcher.get_opcodes():
+            if op in ("insert", "replace"):
+                duplicated += b2 - b1
+            if op in ("delete", "replace"):
+                missing += a2 - a1
+    completed = sum(o.completed for o in outcomes)
+    errors = tuple(o.error for o in outcomes if o.error is not None)
+    return Tally(
+        fault,
+        sent=len(outcomes),
+        completed=completed,
+        failed=len(outcomes) - completed,
+        duplicated=duplicated,
+        missing=missing,
+        recovery_s=max((o.longest_gap_s for o in outcomes), default=0.0),
+        errors=errors,
+    )

@@ -1,0 +1,55 @@
+"""The secrets ``crescent up`` makes for the stack it runs, kept in ``<data dir>/secrets``
+(mode 0700, every file 0600) and handed to the children through their environment, by file
+where a service reads one. None of them is ever printed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from crescent.nats_config import USERS, NatsAuthFiles
+from crescent.secret_files import new_secret, persistent_secret, private_dir, write_private
+
+#: Roles that call cachemeta, and so get its token.
+CACHEMETA_CALLERS = ("scheduler", "prefill", "decode")
+#: Credentials for some other NATS server, which a NATS of our own must not inherit.
+_NATS_CREDENTIALS = (
+    "CRESCENT_NATS_USER",
+    "CRESCENT_NATS_PASSWORD",
+    "CRESCENT_NATS_PASSWORD_FILE",
+    "CRESCENT_NATS_NKEY_SEED_FILE",
+)
+
+
+def secrets_dir(data_dir: Path) -> Path:
+    return private_dir(data_dir / "secrets")
+
+
+def apply_defaults(env: dict[str, str], directory: Path) -> None:
+    """Development mode (unless the environment says otherwise) and a cache secret of this
+    data dir's own, kept across runs so cached block hashes stay valid, unless one is given."""
+    if not env.get("CRESCENT_DEV_MODE"):
+        env["CRESCENT_DEV_MODE"] = "true"
+    if not env.get("CRESCENT_CACHE_SECRET"):
+        env["CRESCENT_CACHE_SECRET"] = persistent_secret(directory / "cache.secret")
+
+
+def nats_roles(env: dict[str, str], auth: NatsAuthFiles) -> dict[str, dict[str, str]]:
+    """Each role's NATS user and password file, for a NATS server of our own."""
+    for name in _NATS_CREDENTIALS:
+        env.pop(name, None)
+    return {user: auth.env(user) for user in USERS}
+
+
+def cachemeta_token(env: dict[str, str], directory: Path) -> dict[str, str]:
+    """The token variables for cachemeta and its callers: a fresh token file per run, unless
+    the environment already names a token (then everyone inherits it)."""
+    if env.get("CRESCENT_CACHEMETA_TOKEN") or env.get("CRESCENT_CACHEMETA_TOKEN_FILE"):
+        return {}
+    path = write_private(directory / "cachemeta.token", new_secret() + "\n")
+    return {"CRESCENT_CACHEMETA_TOKEN_FILE": str(path)}
+
+
+def merge(roles: dict[str, dict[str, str]], extra: dict[str, str], *names: str) -> None:
+    """Adds ``extra`` to the environment of each role in ``names``."""
+    for name in names:
+        roles[name] = roles.get(name, {}) | extra

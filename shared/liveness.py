@@ -1,0 +1,92 @@
+"""Who is alive, from heartbeats and from NATS disconnect events. Pure: callers feed it what
+the bus delivers and ask it with their own clock."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Services connect to NATS as ``crescent-<id>``; a disconnect event names the connection.
+CONNECTION_PREFIX = "crescent-"
+
+
+@dataclass(slots=True)
+class Peer:
+    """The last word of one service: its heartbeat, or the end of its connection."""
+
+    node_id: str
+    role: str
+    epoch: str
+    last_seen: float
+    healthy: bool = True
+    draining: bool = False
+    disconnected_at: float | None = None
+
+
+@dataclass(slots=True)
+class Liveness:
+    """Owns the last heartbeat of every service seen, per id.
+
+    A peer is alive while its last heartbeat is at most ``timeout_s`` old, no disconnect of
+    its connection came after that heartbeat, and (where the caller names one) its epoch is
+    the one asked about: a restarted node is another process that knows nothing of its
+    predecessor's requests. ``blind_until`` covers our own outages: while we could not hear
+    heartbeats, silence proves nothing, so every known peer counts as seen at reconnection.
+    """
+
+    timeout_s: float = 3.0
+    peers: dict[str, Peer] = field(default_factory=dict)
+    started_at: float = 0.0
+
+    def beat(
+        self,
+        node_id: str,
+        role: str,
+        epoch: str,
+        now: float,
+        *,
+        healthy: bool = True,
+        draining: bool = False,
+    ) -> None:
+        self.peers[node_id] = Peer(node_id, role, epoch, now, healthy, draining)
+
+    def disconnected(self, connection_name: str, now: float) -> str | None:
+        """Records that a connection closed; returns the id of the peer it was, if known."""
+        if not connection_name.startswith(CONNECTION_PREFIX):
+            return None
+        peer = self.peers.get(connection_name[len(CONNECTION_PREFIX) :])
+        if peer is None:
+            return None
+        peer.disconnected_at = now
+        return peer.node_id
+
+    def reconnected(self, now: float) -> None:
+        """Our own connection is back: what we missed meanwhile is no evidence of death."""
+        for peer in self.peers.values():
+            if peer.disconnected_at is None:
+                peer.last_seen = max(peer.last_seen, now)
+
+    def alive(self, node_id: str, now: float, epoch: str = "") -> bool:
+        peer = self.peers.get(node_id)
+        if peer is None:
+            # Not heard of yet: fine while we have not listened a full timeout ourselves.
+            return now - self.started_at <= self.timeout_s
+        if epoch and peer.epoch != epoch:
+            return False
+        if peer.disconnected_at is not None and peer.disconnected_at >= peer.last_seen:
+            return False
+        return peer.healthy and now - peer.last_seen <= self.timeout_s
+
+    def serving(self, role: str, now: float) -> list[str]:
+        """Ids of live, healthy peers of ``role`` that take new work."""
+        return [
+            p.node_id
+            for p in self.peers.values()
+            if p.role == role and not p.draining and self.alive(p.node_id, now)
+        ]
+
+    def forget_old(self, now: float) -> None:
+        """Drops peers silent for ten timeouts."""
+        for node_id in [
+            k for k, p in self.peers.items() if now - p.last_seen > 10 * self.timeout_s
+        ]:
+            del self.peers[node_id]

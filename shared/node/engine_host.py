@@ -1,0 +1,274 @@
+"""The engine as a node sees it: one narrow facade over ``LLMEngine`` with one threading
+contract, the step loop that drives it, and the watchdog that notices a stuck step."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from shared.engine.cache_exchange import CachedBlock, PrefixImport
+from shared.engine.engine import LLMEngine
+from shared.engine.types import EngineLoad, EngineStats, ImportSlot, RequestOutput, StepTiming
+from shared.kv.hashing import BlockHash
+from shared.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+OnOutputs = Callable[[list[RequestOutput]], Awaitable[None]]
+#: After this many steps in a row raise, the engine's requests are failed instead of retried.
+MAX_FAILED_STEPS = 3
+
+
+#: Running sequences a heartbeat describes at most (those nearest their end).
+MAX_FINISHING = 256
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """``finishing``: ``(tokens it may still generate, tokens in its KV)`` of the running
+    sequences nearest their ``max_tokens``, fewest remaining first."""
+
+    load: EngineLoad
+    stats: EngineStats
+    timings: list[StepTiming]
+    finishing: list[tuple[int, int]]
+
+
+class EngineHost:
+    """Owns the engine thread, the step loop and the watchdog of one node's engine.
+
+    Threading contract. Two kinds of call reach the engine, and nothing else does:
+
+    * **Changes** (``add``, ``abort``, ``begin_import``, ``finish_import``, ``admit``): run on
+      the engine thread, between two steps, so no request changes while a step runs.
+    * **Bookkeeping** (``pin``, ``unpin``, ``held_block_ids``, ``release_held``,
+      ``num_leading_cached``, ``begin_prefix_import``, ``drain_events``, ``snapshot``,
+      ``load_snapshot``): run on a bookkeeping thread holding the engine's lock. A step holds
+      that lock while it plans and while it books its results, but not during its forward
+      pass, so these calls may overlap a forward pass; they touch only blocks no running
+      sequence is writing (cached, pinned, held or free blocks) and the pool's counters.
+
+    Invariant: the step loop never ends while the host runs: a failing step, or a failing
+    output handler, is logged and contained. ``stuck`` reports a step running longer than
+    ``step_timeout_s``; the node then reports itself unhealthy and gets no new work.
+    """
+
+    def __init__(self, engine: LLMEngine, on_outputs: OnOutputs, step_timeout_s: float) -> None:
+        self.engine = engine
+        self._on_outputs = on_outputs
+        self.step_timeout_s = step_timeout_s
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._books = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-books")
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.step_started: float | None = None  # monotonic start of the step in progress
+        self.failed_steps = 0  # consecutive steps that raised
+        self.loop_ended = False
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="engine-loop")
+        self._task.add_done_callback(self._loop_done)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        self._thread.shutdown(wait=True)
+        self._books.shutdown(wait=True)
+
+    def stuck(self, now: float | None = None) -> bool:
+        """True while a step has run longer than ``step_timeout_s`` (or the loop died)."""
+        if self.loop_ended:
+            return True
+        started = self.step_started
+        now = time.monotonic() if now is None else now
+        return started is not None and now - started > self.step_timeout_s
+
+    @property
+    def model_id(self) -> str:
+        return self.engine.model_id
+
+    # -- changes (engine thread, between steps) -------------------------------------------
+
+    async def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        salt: bytes,
+        *,
+        hold_blocks: bool = False,
+        imports: Sequence[tuple[PrefixImport, list[int]]] = (),
+    ) -> None:
+        """Caches pulled prefix blocks (each import with its verified checksums) and queues
+        the request in the same call, so nothing evicts the pulled blocks in between.
+        Raises ``InvalidRequestError`` if the engine can never serve it."""
+        engine = self.engine
+
+        def admit() -> None:
+            for imp, checksums in imports:
+                engine.exchange.finish_import(imp, checksums)
+            engine.add_request(request_id, prompt, params, salt, hold_blocks=hold_blocks)
+
+        await self._change(admit)
+
+    async def cache_imports(self, imports: Sequence[tuple[PrefixImport, list[int]]]) -> None:
+        """Caches pulled blocks without a request (their request went away meanwhile)."""
+
+        def finish() -> None:
+            for imp, checksums in imports:
+                self.engine.exchange.finish_import(imp, checksums)
+
+        await self._change(finish)
+
+    async def abort(self, request_id: str) -> bool:
+        return await self._change(lambda: self.engine.abort_request(request_id))
+
+    async def begin_import(
+        self,
+        request_id: str,
+        prompt: list[int],
+        first_token: int,
+        params: SamplingParams,
+        salt: bytes,
+    ) -> ImportSlot | None:
+        return await self._change(
+            lambda: self.engine.begin_import(request_id, prompt, first_token, params, salt)
+        )
+
+    async def finish_import(self, request_id: str, ok: bool) -> None:
+        await self._change(lambda: self.engine.finish_import(request_id, ok))
+
+    async def _change(self, fn: Callable[[], T]) -> T:
+        result = await asyncio.get_running_loop().run_in_executor(self._thread, self._locked(fn))
+        self._wake.set()
+        return result
+
+    # -- bookkeeping (under the lock, may overlap a forward pass) -------------------------
+
+    async def held_block_ids(self, request_id: str) -> list[int] | None:
+        return await self._book(lambda: self.engine.held_block_ids(request_id))
+
+    async def release_held(self, request_id: str) -> bool:
+        return await self._book(lambda: self.engine.release_held(request_id))
+
+    async def pin(self, pin_id: str, hashes: list[BlockHash]) -> list[tuple[int, int]]:
+        return await self._book(lambda: self.engine.exchange.pin(pin_id, hashes))
+
+    async def unpin(self, pin_id: str) -> bool:
+        return await self._book(lambda: self.engine.exchange.unpin(pin_id))
+
+    def prompt_hashes(self, prompt: list[int], salt: bytes) -> list[BlockHash]:
+        """Pure hashing: needs no lock."""
+        return self.engine.exchange.prompt_hashes(prompt, salt)
+
+    async def num_leading_cached(self, hashes: list[BlockHash]) -> int:
+        return await self._book(lambda: self.engine.exchange.num_leading_cached(hashes))
+
+    async def begin_prefix_import(
+        self,
+        prompt: list[int],
+        salt: bytes,
+        hashes: list[BlockHash],
+        first_block: int,
+        num_blocks: int,
+    ) -> PrefixImport | None:
+        exchange = self.engine.exchange
+        return await self._book(
+            lambda: exchange.begin_import(prompt, salt, hashes, first_block, num_blocks)
+        )
+
+    async def drain_events(self) -> tuple[list[CachedBlock], list[BlockHash]]:
+        return await self._book(self.engine.exchange.drain_events)
+
+    async def snapshot(self) -> list[CachedBlock]:
+        return await self._book(self.engine.exchange.snapshot)
+
+    async def load_snapshot(self) -> LoadSnapshot:
+        engine = self.engine
+
+        def take() -> LoadSnapshot:
+            timings = list(engine.step_timings)[-64:]
+            engine.step_timings.clear()
+            running = engine.scheduler.running
+            finishing = sorted(
+                (max(s.params.max_tokens - s.num_output_tokens, 0), s.num_tokens) for s in running
+            )[:MAX_FINISHING]
+            stats = dataclasses.replace(engine.stats)
+            return LoadSnapshot(engine.load(), stats, timings, finishing)
+
+        return await self._book(take)
+
+    async def _book(self, fn: Callable[[], T]) -> T:
+        result = await asyncio.get_running_loop().run_in_executor(self._books, self._locked(fn))
+        self._wake.set()
+        return result
+
+    def _locked(self, fn: Callable[[], T]) -> Callable[[], T]:
+        def run() -> T:
+            with self.engine.lock:
+                return fn()
+
+        return run
+
+    # -- the step loop --------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._stopping:
+            # Cleared before the check, so a request added meanwhile is never slept through.
+            self._wake.clear()
+            has_work = await loop.run_in_executor(self._thread, self.engine.has_unfinished_requests)
+            if not has_work:
+                await self._wake.wait()
+                continue
+            outputs = await self._step(loop)
+            if outputs:
+                await self._deliver(outputs)
+
+    async def _step(self, loop: asyncio.AbstractEventLoop) -> list[RequestOutput]:
+        self.step_started = time.monotonic()
+        try:
+            outputs = await loop.run_in_executor(self._thread, self.engine.step)
+        except Exception:
+            # The engine fails the sequences a bad step belongs to; reaching here is a bug.
+            # Retrying the same batch forever would hang its clients, so give up on them.
+            log.exception("engine step failed")
+            self.failed_steps += 1
+            if self.failed_steps < MAX_FAILED_STEPS:
+                await asyncio.sleep(0.05)
+                return []
+            return await loop.run_in_executor(self._thread, self._fail_everything)
+        finally:
+            self.step_started = None
+        self.failed_steps = 0
+        return outputs
+
+    def _fail_everything(self) -> list[RequestOutput]:
+        self.failed_steps = 0
+        with self.engine.lock:
+            return self.engine.fail_all("the engine failed to run this request")
+
+    async def _deliver(self, outputs: list[RequestOutput]) -> None:
+        try:
+            await self._on_outputs(outputs)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            # A publish failing (say, during a NATS outage) must not end the loop; the
+            # gateway fills what it missed from the ledger's replay.
+            log.exception("handling %d engine outputs failed", len(outputs))
+
+    def _loop_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.loop_ended = True
+            log.error("engine loop ended", exc_info=task.exception())

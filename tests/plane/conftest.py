@@ -1,0 +1,77 @@
+"""A real nats-server with the generated users and permissions, and clients that connect as
+one of them and record what the server refused."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from tests.support.nats import NatsServer
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    nats_server = NatsServer.start(Path(tmp_path_factory.mktemp("nats")), auth=True)
+    try:
+        yield nats_server
+    finally:
+        nats_server.stop()
+
+
+@dataclass
+class Conn:
+    """One client connection and the errors the server sent it."""
+
+    nc: Client
+    errors: list[str] = field(default_factory=list)
+
+    async def sync(self) -> None:
+        """Returns once the server has processed everything sent before. nats-py writes a
+        flush's PING ahead of commands still buffered, so one flush can return before a
+        subscription reached the server; by the second, the buffer has been written."""
+        await self.nc.flush()
+        await self.nc.flush()
+
+    async def refused(self, subject: str, timeout_s: float = 2.0) -> bool:
+        """Whether the server reported a permissions violation naming ``subject``."""
+        await self.sync()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while asyncio.get_running_loop().time() < deadline:
+            if any("permissions violation" in e and subject.lower() in e for e in self.errors):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+
+@asynccontextmanager
+async def connect(server: NatsServer, user: str, name: str | None = None) -> AsyncIterator[Conn]:
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc).lower())
+
+    nc = await nats.connect(
+        server.url,
+        name=name or f"test-{user}",
+        error_cb=on_error,
+        allow_reconnect=False,
+        **server.connect_options(user),
+    )
+    try:
+        yield Conn(nc, errors)
+    finally:
+        await nc.close()
+
+
+async def received(messages: Sequence[object], count: int = 1, timeout_s: float = 2.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while len(messages) < count and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    return len(messages) >= count

@@ -1,0 +1,119 @@
+"""The server's DISCONNECT advisories reach the deployment's account as
+``crescent.events.disconnect``, naming the connection that closed; and parsing them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from nats.aio.msg import Msg
+
+from shared import subjects
+from shared.nats_events import DISCONNECT_TYPE, disconnected_name, disconnected_node
+from tests.plane.conftest import connect, received
+from tests.support.nats import NatsServer
+
+# A node that connects, says so, and waits to be killed.
+NODE = """
+import asyncio, json, os, sys
+import nats
+
+async def main():
+    nc = await nats.connect(os.environ["URL"], name=sys.argv[1], **json.loads(os.environ["AUTH"]))
+    await nc.flush()
+    print("connected", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def start_node(server: NatsServer, user: str, name: str) -> subprocess.Popen[str]:
+    env = os.environ | {"URL": server.url, "AUTH": json.dumps(server.connect_options(user))}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", NODE, name], env=env, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "connected"
+    return proc
+
+
+@pytest.mark.parametrize("watcher", ["gateway", "scheduler"])
+def test_a_killed_node_is_reported_by_name_within_a_second(
+    server: NatsServer, watcher: str
+) -> None:
+    async def scenario() -> None:
+        async with connect(server, watcher) as watching:
+            events: list[bytes] = []
+            seen_at: list[float] = []
+
+            async def on_event(msg: Msg) -> None:
+                events.append(msg.data)
+                seen_at.append(time.monotonic())
+
+            await watching.nc.subscribe(subjects.DISCONNECTS, cb=on_event)
+            await watching.sync()
+            node = await asyncio.to_thread(start_node, server, "prefill", "crescent-prefill-7")
+            killed_at = time.monotonic()
+            node.kill()
+            await asyncio.to_thread(node.wait)
+            assert await received(events, timeout_s=1.0)
+            names = [disconnected_name(e) for e in events]
+            assert "crescent-prefill-7" in names
+            assert seen_at[names.index("crescent-prefill-7")] - killed_at < 1.0
+            assert disconnected_node(events[names.index("crescent-prefill-7")]) == "prefill-7"
+            assert not watching.errors
+
+    asyncio.run(scenario())
+
+
+def test_nodes_are_not_told_of_disconnects(server: NatsServer) -> None:
+    async def scenario() -> None:
+        async with connect(server, "prefill") as prefill:
+            await prefill.nc.subscribe(subjects.DISCONNECTS)
+            assert await prefill.refused(subjects.DISCONNECTS)
+
+    asyncio.run(scenario())
+
+
+def advisory(**client: object) -> bytes:
+    return json.dumps(
+        {"type": DISCONNECT_TYPE, "client": client, "reason": "Client Closed"}
+    ).encode()
+
+
+def test_parsing_takes_the_connection_name() -> None:
+    assert (
+        disconnected_name(advisory(name="crescent-decode-0", user="decode")) == "crescent-decode-0"
+    )
+    assert disconnected_node(advisory(name="crescent-decode-0")) == "decode-0"
+    assert disconnected_name(advisory(name="bench")) == "bench"
+    assert disconnected_node(advisory(name="bench")) is None
+    assert disconnected_node(advisory(name="crescent-")) is None
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"not json",
+        b"\xff\xfe",
+        b"[]",
+        b'"crescent-x"',
+        json.dumps(
+            {"type": "io.nats.server.advisory.v1.client_connect", "client": {"name": "a"}}
+        ).encode(),
+        json.dumps({"type": DISCONNECT_TYPE}).encode(),
+        json.dumps({"type": DISCONNECT_TYPE, "client": "crescent-x"}).encode(),
+        advisory(),
+        advisory(name=""),
+        advisory(name=7),
+    ],
+)
+def test_anything_malformed_is_none(payload: bytes) -> None:
+    assert disconnected_name(payload) is None
+    assert disconnected_node(payload) is None

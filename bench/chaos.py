@@ -266,6 +266,36 @@ async def ucx_peer_killed(h: Harness) -> Tally:
     return await h.compare(f"KV peer killed mid-pull ({victim})", ps, outcomes, max_tokens)
 
 
+async def gateway_killed(h: Harness) -> float:
+    """SIGKILL of the gateway with four long streams in flight: the seconds until no node
+    runs them any more (nobody is left to read their tokens)."""
+    ps = stories(4)
+    tasks = [asyncio.create_task(h.stream(p, 400)) for p in ps]
+    await asyncio.sleep(2.0)
+    old = h.stack.kill("gateway")
+    killed = time.monotonic()
+    await asyncio.gather(*tasks)
+    while any(s.running_seqs for _, s in h.beats.latest.values() if s.role == "decode"):
+        if time.monotonic() - killed > 60:
+            raise TimeoutError("the nodes still run the dead gateway's requests")
+        await asyncio.sleep(0.1)
+    stopped = time.monotonic() - killed
+    await asyncio.to_thread(h.stack.wait_replaced, "gateway", old)
+    await _ready(h)
+    return stopped
+
+
+async def _ready(h: Harness, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            await h.client.models.list()
+            return
+        except Exception:
+            await asyncio.sleep(0.2)
+    raise TimeoutError("the gateway did not come back")
+
+
 FAULTS: dict[str, Callable[[Harness], Awaitable[Tally]]] = {
     "decode_killed": decode_killed,
     "prefill_killed": prefill_killed,

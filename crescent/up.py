@@ -20,6 +20,8 @@ from crescent.nats_config import TOOLS, NatsAuthFiles, write_nats_auth
 from crescent.processes import Child, spawn, stop_all, supervise
 
 READY_TIMEOUT_S = 600.0
+#: CPU priority of the model nodes below the control plane (``bench/overload.py``).
+NODE_NICE = 10
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -215,9 +217,10 @@ def _start_services(
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
             node_env = env | roles.get(role, {}) | {"CRESCENT_NODE_ID": f"{role}-{i}"}
-            children.append(
-                spawn(f"{role}-{i}", [python, "-m", f"services.{role}"], node_env, log_dir)
-            )
+            argv = [python, "-m", f"services.{role}"]
+            # The nodes may take every core they can get, but never ahead of the gateway,
+            # the schedulers and NATS: a refusal or a hand-off must not wait behind a step.
+            children.append(spawn(f"{role}-{i}", argv, node_env, log_dir, nice=NODE_NICE))
     return children
 
 

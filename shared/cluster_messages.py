@@ -134,6 +134,12 @@ class NodeStatus(WireMessage, kw_only=True):
     ``finishing_seqs`` (decode nodes): ``[tokens it may still generate, tokens in its KV]`` of
     the running sequences nearest their ``max_tokens``, fewest remaining first, at most 256 of
     them; the scheduler predicts from it which sequences will have left by a given time.
+    ``ttft_floor_s`` and ``ttft_slo_s`` (schedulers): the shortest time to first token any
+    request could get now (a one-token prompt, cached, on the best node) and the objective;
+    while the floor is over the objective, a gateway refuses new requests itself.
+    ``ttft_samples`` (prefill nodes): ``[predicted, actual]`` seconds from a task's arrival to
+    its first token, for the tasks that got one since the last beat: how far the scheduler's
+    predictions are off on this node.
     """
 
     node_id: Id
@@ -164,6 +170,11 @@ class NodeStatus(WireMessage, kw_only=True):
     )
     fetch_bandwidth: Annotated[dict[Id, Rate], Meta(max_length=1024)] = msgspec.field(
         default_factory=dict
+    )
+    ttft_floor_s: Seconds = 0.0
+    ttft_slo_s: Seconds = 0.0
+    ttft_samples: Annotated[list[tuple[Seconds, Seconds]], Meta(max_length=64)] = msgspec.field(
+        default_factory=list
     )
     finishing_seqs: Annotated[
         list[tuple[Annotated[int, Meta(ge=0, le=1 << 24)], Annotated[int, Meta(ge=0, le=1 << 32)]]],

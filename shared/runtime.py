@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -24,6 +25,14 @@ def setup_logging(service: str) -> None:
     )
 
 
+def settle_heap() -> None:
+    """Moves everything a service built while starting (model, tokenizer, tables) out of the
+    garbage collector's sight: a full collection then walks only what requests create, and no
+    longer stalls the event loop for tens of milliseconds under load."""
+    gc.collect()
+    gc.freeze()
+
+
 def run_service(name: str, build: Callable[[], Awaitable[Service]]) -> None:
     """Builds and starts the service, waits for a stop signal, then stops it gracefully."""
     setup_logging(name)
@@ -37,6 +46,7 @@ async def _serve(name: str, build: Callable[[], Awaitable[Service]]) -> None:
         loop.add_signal_handler(sig, stop.set)
     service = await build()
     await service.start()
+    settle_heap()
     logging.getLogger(name).info("%s ready", name)
     await stop.wait()
     logging.getLogger(name).info("%s stopping", name)

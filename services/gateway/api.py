@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from services.gateway.validation import decode_body
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
 T = TypeVar("T")
+B = TypeVar("B", ChatCompletionRequest, CompletionRequest)
 ENDPOINTS = frozenset(
     {
         "/v1/chat/completions",
@@ -46,6 +48,8 @@ ENDPOINTS = frozenset(
 # instead of a reset connection; anything bigger is cut off.
 _DRAIN_LIMIT = 64 * 1024 * 1024
 CLIENT_CLOSED = 499
+#: Bodies up to this size are rendered and tokenized on the event loop (``_prepare``).
+INLINE_BODY_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,15 +106,15 @@ def _add_routes(app: FastAPI, gw: Gateway) -> None:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         tenant = gw.keys.tenant(request.headers.get("authorization"))
-        body = await _parse(request, ChatCompletionRequest, gw.max_request_bytes)
-        prepared = await run_in_threadpool(gw.builder.chat, body, tenant)
+        body, size = await _parse(request, ChatCompletionRequest, gw.max_request_bytes)
+        prepared = await _prepare(gw.builder.chat, body, tenant, size)
         return await _generate(request, gw, prepared)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         tenant = gw.keys.tenant(request.headers.get("authorization"))
-        body = await _parse(request, CompletionRequest, gw.max_request_bytes)
-        prepared = await run_in_threadpool(gw.builder.completion, body, tenant)
+        body, size = await _parse(request, CompletionRequest, gw.max_request_bytes)
+        prepared = await _prepare(gw.builder.completion, body, tenant, size)
         return await _generate(request, gw, prepared)
 
     @app.get("/v1/models")
@@ -155,7 +159,17 @@ def _model_card(gw: Gateway) -> dict[str, Any]:
     }
 
 
-async def _parse(request: Request, model: type[M], limit: int) -> M:
+async def _prepare(
+    build: Callable[[B, str], PreparedRequest], body: B, tenant: str, size: int
+) -> PreparedRequest:
+    """Renders and tokenizes on the loop for small bodies (a thread hop costs more than their
+    tokenizing when the host is busy), in a worker thread for large ones."""
+    if size <= INLINE_BODY_BYTES:
+        return build(body, tenant)
+    return await run_in_threadpool(build, body, tenant)
+
+
+async def _parse(request: Request, model: type[M], limit: int) -> tuple[M, int]:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         await _drain(request)
@@ -169,7 +183,7 @@ async def _parse(request: Request, model: type[M], limit: int) -> M:
         parts.append(part)
     data = decode_body(b"".join(parts))
     # Strict: a bool or a string where a number belongs is refused, not converted.
-    return model.model_validate(data, strict=True)
+    return model.model_validate(data, strict=True), size
 
 
 async def _drain(request: Request, seen: int = 0) -> None:
@@ -284,11 +298,14 @@ class _CountRequests:
             await self.app(scope, receive, send)
             return
         status = 500
+        arrived = time.monotonic()
 
         async def send_and_note(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                waited = time.monotonic() - arrived
+                self.metrics.response_start.labels(str(status)).observe(waited)
             await send(message)
 
         path = scope.get("path", "")

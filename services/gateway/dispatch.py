@@ -77,6 +77,7 @@ class Dispatcher:
         self.liveness = liveness or Liveness(started_at=clock())
         self.submit_policy = submit or SubmitPolicy()
         self.in_flight: dict[str, Listener] = {}
+        self._floors: dict[str, tuple[float, float]] = {}  # scheduler -> (TTFT floor, SLO)
         self._cleanups: set[asyncio.Task[None]] = set()
         self._subscriptions: list[Subscription] = []
 
@@ -104,10 +105,26 @@ class Dispatcher:
                 return False, f"no live {role}"
         return True, ""
 
+    def overloaded(self) -> float | None:
+        """Seconds to wait (a Retry-After) when every live scheduler says that even the
+        fastest request would miss the TTFT objective now; None otherwise. Refusing here
+        costs a request no hop at all, and an overload is when hops are slow."""
+        now = self.clock()
+        floors = [
+            (floor, slo)
+            for node_id, (floor, slo) in self._floors.items()
+            if self.liveness.alive(node_id, now)
+        ]
+        if not floors or any(slo <= 0 or floor <= slo for floor, slo in floors):
+            return None
+        return max(1.0, min(floor - slo for floor, slo in floors))
+
     async def _on_heartbeat(self, subject: str, status: NodeStatus) -> None:
         if subject != subjects.heartbeats(status.role, status.node_id):
             log.warning("dropped a heartbeat of %s sent on %s", status.node_id, subject)
             return
+        if status.role == "scheduler":
+            self._floors[status.node_id] = (status.ttft_floor_s, status.ttft_slo_s)
         self.liveness.beat(
             status.node_id,
             status.role,

@@ -15,6 +15,7 @@ from services.gateway.responses import usage
 from services.gateway.service import Run
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_RESPONSE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -32,6 +33,14 @@ class GatewayMetrics:
             "crescent_gateway_requests",
             "HTTP requests by endpoint and status code",
             ["endpoint", "status"],
+            registry=self.registry,
+        )
+        self.response_start = Histogram(
+            "crescent_gateway_response_start_seconds",
+            "From request arrival to the response's status line, by status code (how fast a "
+            "refusal is)",
+            ["status"],
+            buckets=_RESPONSE_BUCKETS,
             registry=self.registry,
         )
         self.in_flight = Gauge(

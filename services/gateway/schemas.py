@@ -14,7 +14,9 @@ from pydantic import BaseModel, ConfigDict
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Validation errors never carry the values that failed: they may be a client's prompt,
+    # and an error can end up in a log.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
 class StreamOptions(_Strict):

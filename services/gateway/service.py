@@ -289,6 +289,13 @@ class Completions:
             raise errors.rate_limited("The gateway has too many requests in flight.", 1.0)
         if not dispatcher.connected:
             raise errors.unavailable("The gateway is not connected to the message bus.")
+        retry_after = dispatcher.overloaded()
+        if retry_after is not None:
+            raise errors.rate_limited(
+                "The servers are overloaded: no request can meet the time-to-first-token "
+                "objective now; retry later.",
+                retry_after,
+            )
         # Nodes ask this gateway whether it still waits, and stop at the deadline anyway.
         deadline = time.time() + self.limits.request_timeout_s
         requests = [

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -42,6 +43,9 @@ class PrefillRole:
         self.node = node
         self.fetcher = fetcher
         self.tasks: dict[str, PrefillTask] = {}
+        self.arrived: dict[str, float] = {}
+        # (predicted, actual) seconds from arrival to first token, for the scheduler.
+        self.ttft_samples: deque[tuple[float, float]] = deque(maxlen=64)
         self._work: set[asyncio.Task[None]] = set()
 
     async def on_task(self, task: PrefillTask) -> TaskAck:
@@ -59,6 +63,7 @@ class PrefillRole:
             return self._ack(False, "the prefill queue is full")
         node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         self.tasks[rid] = task
+        self.arrived[rid] = time.monotonic()
         self._spawn(self._start(task, params))
         return self._ack(True)
 
@@ -88,6 +93,7 @@ class PrefillRole:
             )
         except InvalidRequestError as exc:
             self.tasks.pop(rid, None)
+            self.arrived.pop(rid, None)
             await node.fail(rid, str(exc), 400)
             return
         holding = node.ledger.active(rid)
@@ -97,11 +103,14 @@ class PrefillRole:
     async def on_outputs(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
             task = self.tasks.pop(out.request_id, None)
+            arrived = self.arrived.pop(out.request_id, None)
             if task is None:
                 continue
             if out.error is not None:
                 await self.node.fail(out.request_id, out.error, 500)
                 continue
+            if arrived is not None and task.predicted_ttft_s > 0:
+                self.ttft_samples.append((task.predicted_ttft_s, time.monotonic() - arrived))
             await self._first_token(task, out)
 
     async def _first_token(self, task: PrefillTask, out: RequestOutput) -> None:
@@ -197,6 +206,7 @@ class PrefillRole:
 
     async def on_abort(self, request_id: str) -> None:
         self.tasks.pop(request_id, None)
+        self.arrived.pop(request_id, None)
 
     async def drain(self, deadline: float) -> None:
         """Lets prefills in progress finish for a while, hands the rest back to their
@@ -221,7 +231,8 @@ class PrefillRole:
             await node.send(notice)
 
     def describe(self, status: NodeStatus) -> None:
-        return
+        status.ttft_samples = list(self.ttft_samples)
+        self.ttft_samples.clear()
 
     async def close(self) -> None:
         for work in list(self._work):

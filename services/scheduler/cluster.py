@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.scheduler.calibration import TtftCalibration
 from services.scheduler.inflight import Arrivals, InFlight
 from services.scheduler.timing import StepTimes
 
@@ -75,6 +76,7 @@ class ClusterView:
     nodes: dict[str, NodeLoad] = field(default_factory=dict)
     timing: StepTimes = field(default_factory=StepTimes)
     costs: CostParams = field(default_factory=CostParams)
+    calibration: TtftCalibration = field(default_factory=TtftCalibration)
     _bandwidth_sum: tuple[float, int] = (0.0, 0)
     _arrivals: dict[str, Arrivals] = field(default_factory=dict)
     _by_request: dict[str, InFlight] = field(default_factory=dict)
@@ -124,6 +126,7 @@ class ClusterView:
         for node_id in dead:
             self._count_bandwidth(self.nodes.pop(node_id), -1)
             self.timing.forget(node_id)
+            self.calibration.forget(node_id)
             self._forget_placed(node_id)
         return dead
 

@@ -29,6 +29,8 @@ from shared.rpc.types import PrefixHolder
 log = logging.getLogger(__name__)
 #: Prefill nodes tried for one request before it is refused.
 MAX_TRIES = 3
+#: What a lookup may cost a request that only a cached prefix can let in (``_lookup_budget``).
+OVERLOAD_LOOKUP_S = 0.01
 
 
 class SchedulerHandlers:
@@ -80,6 +82,7 @@ class SchedulerHandlers:
         now = time.monotonic()
         self.view.update(_node_load(status, now))
         self.view.timing.add(status.node_id, status.role, status.step_samples)
+        self.view.calibration.add(status.node_id, status.ttft_samples)
         self.view.forget_dead(now)
 
     def _check_secret(self, status: NodeStatus) -> None:
@@ -122,11 +125,14 @@ class SchedulerHandlers:
         ask = PlacementRequest(
             len(request.prompt_token_ids), request.sampling.max_tokens, request_id=rid
         )
+        hopeless = self._hopeless(ask, request.resume)
+        if hopeless is not None:
+            return self._refuse(request, hopeless)
         hashes: list[BlockHash] = []
         holders: list[PrefixHolder] = []
         if not self.round_robin:
             hashes = self._block_hashes(request)
-            holders = await self.lookup.match(hashes)
+            holders = await self.lookup.match(hashes, self._lookup_budget(ask, request.resume))
         avoid: set[str] = set()
         for _ in range(MAX_TRIES):
             decision = self._decide(ask, holders, avoid, request.resume)
@@ -150,6 +156,54 @@ class SchedulerHandlers:
         return SubmitReply(
             accepted=False, error="no prefill node accepted the request", error_code=503
         )
+
+    def _hopeless(self, ask: PlacementRequest, resumed: bool) -> Rejection | None:
+        """An overload is refused before the catalogue is asked: when even a prompt cached
+        whole on every node would miss the TTFT objective (queues alone are too long), no
+        answer of cachemeta can save it, so the refusal costs no lookup."""
+        if self.slo_s is None or resumed or self.round_robin:
+            return None
+        now = time.monotonic()
+        blocks = ask.num_prompt_tokens // max(self._block_size(now), 1)
+        if blocks == 0:
+            return None
+        everywhere = [
+            PrefixHolder(n.node_id, "dram", blocks) for n in self.view.targets("prefill", now)
+        ]
+        best = place(ask, self.view, everywhere, now, self.slo_s, tbt_slo_s=self.tbt_slo_s)
+        return best if isinstance(best, Rejection) and best.cause == "ttft_slo" else None
+
+    def ttft_floor(self) -> float:
+        """The shortest time to first token a new request could get now (one token, cached
+        on the best prefill node); what gateways compare with the objective to refuse an
+        overload without asking (``NodeStatus.ttft_floor_s``). 0 without an objective."""
+        if self.slo_s is None:
+            return 0.0
+        now = time.monotonic()
+        ask = PlacementRequest(self._block_size(now) + 1, 1)
+        blocks = 1
+        everywhere = [
+            PrefixHolder(n.node_id, "dram", blocks) for n in self.view.targets("prefill", now)
+        ]
+        best = place(ask, self.view, everywhere, now, None)
+        if isinstance(best, Rejection):
+            return 0.0  # no node at all: the scheduler answers that itself, truthfully
+        return best.predicted_ttft_s * self.view.calibration.scale(best.prefill_node)
+
+    def _lookup_budget(self, ask: PlacementRequest, resumed: bool) -> float | None:
+        """How long cachemeta's answer may be waited for. Unbounded (its own timeout) unless
+        the request would miss the TTFT objective without any cached prefix: then only the
+        cache can let it in, and a refusal must not wait behind a slow lookup (an overload
+        is exactly when one is slow), so it gets ``OVERLOAD_LOOKUP_S``."""
+        if self.slo_s is None or resumed:
+            return None
+        plain = place(ask, self.view, [], time.monotonic(), self.slo_s, tbt_slo_s=self.tbt_slo_s)
+        missed = isinstance(plain, Rejection) and plain.cause == "ttft_slo"
+        return OVERLOAD_LOOKUP_S if missed else None
+
+    def _block_size(self, now: float) -> int:
+        nodes = self.view.targets("prefill", now)
+        return nodes[0].block_size if nodes else 0
 
     def _decide(
         self, ask: PlacementRequest, holders: list[PrefixHolder], avoid: set[str], resumed: bool

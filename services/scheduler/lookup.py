@@ -111,9 +111,24 @@ class PrefixLookup:
         self._pending: list[BlockHash] = []  # touched since the last batch went out
         self._flush: asyncio.Task[None] | None = None
 
-    async def match(self, block_hashes: Sequence[BlockHash]) -> list[PrefixHolder]:
+    async def match(
+        self, block_hashes: Sequence[BlockHash], budget_s: float | None = None
+    ) -> list[PrefixHolder]:
         """The holders of the leading blocks in the tier placement can pull from, longest
-        first; ``[]`` when unknown."""
+        first; ``[]`` when unknown. With ``budget_s``, an answer later than that is not
+        waited for (``[]``, reason ``budget``), though a slow cachemeta is not taken for a
+        failed one."""
+        if budget_s is None or budget_s >= self.timeout_s:
+            return await self._match(block_hashes)
+        lookup = asyncio.ensure_future(self._match(block_hashes))
+        done, _ = await asyncio.wait({lookup}, timeout=budget_s)
+        if done:
+            return lookup.result()
+        lookup.add_done_callback(_ignore)
+        self.on_fallback("budget")
+        return []
+
+    async def _match(self, block_hashes: Sequence[BlockHash]) -> list[PrefixHolder]:
         if self.index is None:
             self.on_fallback("unconfigured")
             return []
@@ -189,3 +204,9 @@ class PrefixLookup:
                 detail,
                 exc_info=exc,
             )
+
+
+def _ignore(task: asyncio.Future[list[PrefixHolder]]) -> None:
+    """A lookup nobody waits for any more still ends; its result (or failure) is dropped."""
+    if not task.cancelled():
+        task.exception()

@@ -111,7 +111,11 @@ class SchedulerService:
         return NodeStatus(node_id=self.scheduler_id, role="scheduler", epoch=self.epoch)
 
     async def _status(self) -> NodeStatus:
-        return self._status_now()
+        status = self._status_now()
+        if self.handlers is not None and self.settings.ttft_slo_s is not None:
+            status.ttft_slo_s = self.settings.ttft_slo_s
+            status.ttft_floor_s = min(self.handlers.ttft_floor(), 1e6)
+        return status
 
     async def stop(self) -> None:
         if self.requests is not None:

@@ -176,3 +176,30 @@ def test_readiness_needs_a_scheduler_and_both_node_roles() -> None:
         assert dispatcher.readiness() == (False, "not connected to NATS")
 
     run(scenario)
+
+
+def test_the_gateway_refuses_by_itself_while_every_scheduler_reports_an_overload() -> None:
+    async def scenario() -> None:
+        bus = MemoryBus()
+        dispatcher = Dispatcher(bus, "gw")
+        await dispatcher.start()
+        node = bus.client()
+
+        async def scheduler_says(node_id: str, floor: float, slo: float) -> None:
+            status = NodeStatus(
+                node_id=node_id, role="scheduler", epoch="e", ttft_floor_s=floor, ttft_slo_s=slo
+            )
+            await node.publish(subjects.heartbeats("scheduler", node_id), status)
+            await bus.settle()
+
+        assert dispatcher.overloaded() is None
+        await scheduler_says("s0", 5.0, 2.0)
+        assert dispatcher.overloaded() == 3.0
+        await scheduler_says("s1", 1.0, 2.0)  # another replica still sees room: ask it
+        assert dispatcher.overloaded() is None
+        await scheduler_says("s1", 2.5, 2.0)
+        assert dispatcher.overloaded() == 1.0  # at least a second
+        await scheduler_says("s1", 0.0, 0.0)  # no objective set: never refuse here
+        assert dispatcher.overloaded() is None
+
+    run(scenario)

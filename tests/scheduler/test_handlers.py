@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from shared.messages import AbortRequest, GenerateRequest, SamplingSpec, SubmitR
 from shared.nats_events import DISCONNECT_TYPE
 from shared.rpc.client import CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
+from shared.secrets import secret_fingerprint
 from tests.scheduler.fake_cachemeta import FakeCacheMeta
 
 SECRET = "test-secret"
@@ -336,5 +338,54 @@ def test_a_resumed_request_is_never_refused_by_the_slo() -> None:
             assert (await h.send(generate("r-new"))).error_code == 429
             resumed = msgspec.structs.replace(generate("r-old-r1"), resume=True)
             assert (await h.send(resumed)).accepted
+
+    asyncio.run(scenario())
+
+
+def test_a_node_with_another_cache_secret_is_reported_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta()) as h:
+            mine = secret_fingerprint(SECRET)
+            await h.nodes(beat("A", "prefill", secret_fingerprint=mine), beat("D", "decode"))
+            other = beat("B", "prefill", secret_fingerprint=secret_fingerprint("another-secret"))
+            await h.nodes(other)
+            await h.beat(other)
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(scenario())
+    warnings = [r.getMessage() for r in caplog.records if "cache secret" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("node B uses another cache secret")
+
+
+def test_an_overload_is_refused_without_asking_the_catalogue() -> None:
+    async def scenario() -> None:
+        index = FakeCacheMeta([PrefixHolder("A", "dram", 62)])
+        async with scheduler(index, ttft_slo_ms=50) as h:
+            await h.nodes(beat("A", "prefill", queued_tokens=8192), beat("D", "decode"))
+            reply = await h.send(generate("r-hopeless"))
+            assert reply.error_code == 429 and index.matches == []
+
+    asyncio.run(scenario())
+
+
+def test_the_heartbeat_reports_the_ttft_floor_and_overload_lookups_are_bounded() -> None:
+    async def scenario() -> None:
+        index = FakeCacheMeta([PrefixHolder("A", "dram", 62)], delay_s=0.5)
+        async with scheduler(index, ttft_slo_ms=300) as h:
+            await h.nodes(beat("A", "prefill"), beat("D", "decode"))
+            handlers = h.service.handlers
+            assert handlers is not None
+            floor = handlers.ttft_floor()
+            assert 0 < floor < 0.3  # one token on an idle node
+            status = await h.service._status()
+            assert status.ttft_slo_s == 0.3 and status.ttft_floor_s == floor
+            # 2,000 fresh tokens miss 300 ms, all but the last cached do not: only the cache
+            # could let this prompt in, and a slow catalogue is not waited for.
+            started = time.monotonic()
+            reply = await h.send(generate("r-bounded"))
+            assert reply.error_code == 429 and time.monotonic() - started < 0.25
+            assert h.fallbacks("budget") == 1
 
     asyncio.run(scenario())

@@ -170,3 +170,17 @@ def test_no_touches_while_cachemeta_is_down() -> None:
         return index
 
     assert asyncio.run(scenario()).touches == []
+
+
+def test_a_lookup_over_its_budget_is_not_waited_for_and_is_no_outage() -> None:
+    async def scenario() -> None:
+        reasons: list[str] = []
+        index = FakeCacheMeta([PrefixHolder("A", "dram", 3)], delay_s=0.05)
+        lookup = PrefixLookup(index, timeout_s=1.0, retry_s=5.0, on_fallback=reasons.append)
+        assert await lookup.match([b"h" * 16], budget_s=0.01) == []
+        assert reasons == ["budget"] and not lookup.down
+        holders = await lookup.match([b"h" * 16])
+        assert [h.node_id for h in holders] == ["A"]
+        await lookup.close()
+
+    asyncio.run(scenario())

@@ -1,0 +1,43 @@
+"""One `crescent up --prefill 2 --decode 2 --schedulers 2` for the chaos tests, restarting
+what they kill, and a harness on a background event loop that drives faults into it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.chaos import STACK_ARGS, Harness, open_harness, stack_env
+from bench.faults import Stack
+from tests.support.loop import BackgroundLoop
+
+pytestmark = pytest.mark.slow
+
+
+class Chaos:
+    """The stack, its harness, and the loop the harness lives on."""
+
+    def __init__(self, stack: Stack, loop: BackgroundLoop, harness: Harness) -> None:
+        self.stack = stack
+        self.loop = loop
+        self.harness = harness
+
+    def run(self, scenario, timeout_s: float = 300):  # type: ignore[no-untyped-def]
+        return self.loop.run(scenario(self.harness), timeout_s)
+
+
+@pytest.fixture(scope="session")
+def chaos(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator[Chaos]:
+    data_dir = tmp_path_factory.mktemp("chaos")
+    stack = Stack.start(data_dir, stack_env(cache_dir, "ucx"), STACK_ARGS)
+    loop = BackgroundLoop()
+    try:
+        harness = loop.run(open_harness(stack), 180)
+        yield Chaos(stack, loop, harness)
+        loop.run(harness.beats.close())
+        loop.run(harness.client.close())
+    finally:
+        status = stack.stop()
+        loop.close()
+    assert status == 0, "".join(stack.output)

@@ -1,0 +1,93 @@
+"""Bad input against the live stack: poison sampling values, pathological JSON and forged
+heartbeats get refused or dropped, and the stack goes on serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import nats
+import pytest
+
+from shared import subjects
+from shared.cluster_messages import NodeStatus
+from shared.messages import encode
+from tests.chaos.conftest import Chaos
+
+HELLO = [{"role": "user", "content": "Say hello."}]
+BAD_BODIES: list[tuple[str, bytes, str]] = [
+    ("temperature 1e-300", b"", "temperature"),
+    ("temperature 1e-45", b"", "temperature"),
+    ("100,000 [", b"[" * 100_000, "nested"),
+    ("NaN literal", b'{"model": "m", "messages": [], "temperature": NaN}', "NaN"),
+    ("lone surrogate", b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}',
+     "surrogate"),
+]  # fmt: skip
+
+
+def body(chaos: Chaos, name: str, raw: bytes) -> bytes:
+    if raw:
+        return raw
+    temperature = float(name.split()[-1])
+    payload = {"model": chaos.harness.model, "messages": HELLO, "temperature": temperature}
+    return json.dumps(payload).encode()
+
+
+def test_poison_values_and_pathological_json_get_400s(chaos: Chaos) -> None:
+    url = chaos.stack.base_url
+    with httpx.Client(timeout=30) as http:
+        for name, raw, word in BAD_BODIES:
+            response = http.post(
+                f"{url}/chat/completions",
+                content=body(chaos, name, raw),
+                headers={"content-type": "application/json"},
+            )
+            assert response.status_code == 400, (name, response.text)
+            assert word in response.json()["error"]["message"], name
+        ok = http.post(
+            f"{url}/chat/completions",
+            json={"model": chaos.harness.model, "messages": HELLO, "max_tokens": 4},
+        )
+        assert ok.status_code == 200
+
+
+def test_forged_heartbeats_are_refused_or_dropped(chaos: Chaos) -> None:
+    where = json.loads((chaos.stack.data_dir / "stack.json").read_text())
+    secrets = chaos.stack.data_dir / "secrets"
+    password = (secrets / "nats-decode.password").read_text().strip()
+
+    async def forge() -> None:
+        with pytest.raises(Exception, match="Authorization"):
+            await nats.connect(where["nats_url"], allow_reconnect=False, connect_timeout=2)
+        errors: list[Exception] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(exc)
+
+        nc = await nats.connect(
+            where["nats_url"], user="decode", password=password,
+            inbox_prefix="_INBOX.decode", error_cb=on_error,
+        )  # fmt: skip
+        # A decode node's credentials cannot speak for a prefill node...
+        lie = NodeStatus(node_id="prefill-0", role="prefill", draining=True)
+        await nc.publish(subjects.heartbeats("prefill", "prefill-0"), encode(lie))
+        # ...and an absurd value on its own subject does not decode anywhere.
+        absurd = encode(NodeStatus(node_id="decode-x", role="decode")).replace(
+            b'"block_size":32', b'"block_size":0'
+        )
+        await nc.publish(subjects.heartbeats("decode", "decode-x"), absurd)
+        await nc.flush()
+        await asyncio.sleep(1.0)
+        await nc.close()
+        assert any("permissions violation" in str(e).lower() for e in errors), errors
+
+    chaos.loop.run(forge(), 30)
+    time.sleep(1.0)
+    _, prefill = chaos.harness.beats.latest["prefill-0"]
+    assert not prefill.draining and "decode-x" not in chaos.harness.beats.latest
+    logs = chaos.stack.log("scheduler-0") + chaos.stack.log("scheduler-1")
+    assert "dropped a malformed NodeStatus" in logs
+    ok = chaos.run(lambda h: h.stream("Say hello.", 4))
+    assert ok.completed

@@ -1,0 +1,38 @@
+"""Real faults against a live stack, asserted on the clients' side: every request sent
+completes, with not one token duplicated or missing against the fault-free run."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import chaos as scenarios
+from bench.faults import Tally
+from tests.chaos.conftest import Chaos
+
+
+def assert_clean(result: Tally) -> None:
+    assert result.errors == () and result.failed == 0, result
+    assert result.completed == result.sent and result.sent > 0, result
+    assert (result.duplicated, result.missing) == (0, 0), result
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        "decode_killed",
+        "prefill_killed",
+        "ucx_peer_killed",
+        "scheduler_killed",
+        "nats_restarted",
+        "rolling_restart",
+    ],
+)
+def test_a_fault_costs_the_clients_nothing(chaos: Chaos, fault: str) -> None:
+    assert_clean(chaos.run(scenarios.FAULTS[fault]))
+
+
+def test_the_requests_of_a_killed_gateway_stop_on_the_nodes(chaos: Chaos) -> None:
+    seconds = chaos.run(scenarios.gateway_killed)
+    # Nodes ask every 2 s whether the gateway still wants its requests; NATS answers at once
+    # that nobody serves a killed gateway's subject.
+    assert seconds < 6.0

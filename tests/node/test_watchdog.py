@@ -1,0 +1,74 @@
+"""A node whose engine step hangs says so (heartbeat and /healthz), takes no new work, and
+recovers when the step returns; a node using another cache secret is told apart."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from shared import subjects
+from shared.cluster_messages import NodeStatus
+from shared.secrets import secret_fingerprint
+from tests.engine.conftest import EngineFactory
+from tests.node.cluster import SECRET, Cluster, request
+
+
+def test_a_hung_step_makes_the_node_unhealthy_until_it_returns(
+    make_engine: EngineFactory,
+) -> None:
+    release = threading.Event()
+
+    async def scenario() -> None:
+        cluster = Cluster(make_engine)
+        await cluster.start(decodes=0, step_timeout_s=0.3)
+        p0 = cluster.prefills["p0"].node
+        execute = p0.engine.runner.execute
+
+        def hangs(plan: Any) -> Any:
+            release.wait(10)
+            return execute(plan)
+
+        p0.engine.runner.execute = hangs  # type: ignore[method-assign]
+        beats: list[NodeStatus] = []
+
+        async def on_beat(status: NodeStatus) -> None:
+            beats.append(status)
+
+        await cluster.bus.subscribe(subjects.heartbeats("prefill", "p0"), NodeStatus, on_beat)
+        try:
+            ack, _ = await cluster.submit(request("h1", [3, 4, 5]), decodes=("nobody",))
+            assert ack.accepted
+            deadline = time.monotonic() + 5
+            while p0.healthy():
+                assert time.monotonic() < deadline, "the watchdog did not notice"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            assert beats and not beats[-1].healthy
+            refused, _ = await cluster.submit(request("h2", [3, 4, 5]))
+            assert not refused.accepted and refused.reason == "unhealthy"
+            release.set()
+            while not p0.healthy():
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+            assert beats[-1].healthy
+        finally:
+            release.set()
+            await cluster.stop()
+
+    asyncio.run(scenario())
+
+
+def test_heartbeats_carry_the_cache_secret_fingerprint(make_engine: EngineFactory) -> None:
+    async def scenario() -> None:
+        cluster = Cluster(make_engine)
+        await cluster.start(decodes=0)
+        try:
+            status = await cluster.prefills["p0"].node.status()
+            assert status.secret_fingerprint == secret_fingerprint(SECRET)
+            assert status.epoch == cluster.prefills["p0"].node.epoch and status.healthy
+        finally:
+            await cluster.stop()
+
+    asyncio.run(scenario())

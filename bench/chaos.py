@@ -63,7 +63,10 @@ class Beats:
         where = json.loads((stack.data_dir / "stack.json").read_text())
         password = (stack.data_dir / "secrets" / "nats-tools.password").read_text().strip()
         auth = {"user": "tools", "password": password, "inbox_prefix": "_INBOX.tools"}
-        self.bus = await NatsBus.connect(where["nats_url"], "crescent-chaos", **auth)
+        # NATS restarts are one of the faults: its reconnection errors are expected here.
+        self.bus = await NatsBus.connect(
+            where["nats_url"], "crescent-chaos", error_cb=_quiet, **auth
+        )
 
         async def on_beat(status: NodeStatus) -> None:
             self.latest[status.node_id] = (time.monotonic(), status)
@@ -90,6 +93,10 @@ class Beats:
     async def close(self) -> None:
         if self.bus is not None:
             await self.bus.close()
+
+
+async def _quiet(exc: Exception) -> None:
+    return
 
 
 @dataclass
@@ -341,9 +348,16 @@ async def main_async(args: argparse.Namespace) -> int:
         env = stack_env(cache_dir, args.transfer)
         stack = Stack.start(Path(tmp), env, STACK_ARGS)
         harness = await open_harness(stack)
-        rows = []
+        rows, notes = [], []
         try:
             for name in args.faults:
+                if name == "gateway_killed":
+                    seconds = await gateway_killed(harness)
+                    notes.append(
+                        f"gateway killed: its requests stopped on the nodes in {seconds:.2f} s"
+                    )
+                    print(notes[-1], flush=True)
+                    continue
                 row = await FAULTS[name](harness)
                 rows.append(row)
                 print(table([row]).splitlines()[-1], *row.errors, flush=True)
@@ -353,12 +367,15 @@ async def main_async(args: argparse.Namespace) -> int:
             stack.stop()
     print()
     print(table(rows))
+    for note in notes:
+        print(note)
     return 0 if all(r.clean for r in rows) else 1
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--faults", nargs="+", default=list(FAULTS), choices=list(FAULTS))
+    every = [*FAULTS, "gateway_killed"]
+    parser.add_argument("--faults", nargs="+", default=every, choices=every)
     parser.add_argument("--transfer", default="ucx", choices=("ucx", "tcp"))
     sys.exit(asyncio.run(main_async(parser.parse_args())))
 

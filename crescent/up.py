@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="always",
         help="start a service again when it exits (always) or stop the stack (never)",
     )
-    p.add_argument("--data-dir", type=Path, default=None, help="logs and NATS storage")
+    p.add_argument("--data-dir", type=Path, default=None, help="logs, catalogue and secrets")
 
 
 def run(args: argparse.Namespace) -> int:

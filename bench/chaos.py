@@ -59,10 +59,12 @@ class Beats:
         self.latest: dict[str, tuple[float, NodeStatus]] = {}
         self.bus: NatsBus | None = None
 
-    async def start(self, stack: Stack) -> None:
+    async def start(self, stack: Stack, auth: dict[str, str] | None = None) -> None:
+        """Listens as the stack's ``tools`` user, or with ``auth`` (a NATS of one's own)."""
         where = json.loads((stack.data_dir / "stack.json").read_text())
-        password = (stack.data_dir / "secrets" / "nats-tools.password").read_text().strip()
-        auth = {"user": "tools", "password": password, "inbox_prefix": "_INBOX.tools"}
+        if auth is None:
+            password = (stack.data_dir / "secrets" / "nats-tools.password").read_text().strip()
+            auth = {"user": "tools", "password": password, "inbox_prefix": "_INBOX.tools"}
         # NATS restarts are one of the faults: its reconnection errors are expected here.
         self.bus = await NatsBus.connect(
             where["nats_url"], "crescent-chaos", error_cb=_quiet, **auth
@@ -313,7 +315,9 @@ FAULTS: dict[str, Callable[[Harness], Awaitable[Tally]]] = {
 }
 
 
-async def open_harness(stack: Stack) -> Harness:
+async def open_harness(
+    stack: Stack, nodes: Sequence[str] = NODES, nats_auth: dict[str, str] | None = None
+) -> Harness:
     from shared.model.files import resolve_model
     from shared.model.tokenizer import Tokenizer
 
@@ -322,8 +326,8 @@ async def open_harness(stack: Stack) -> Harness:
     client = AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=180)
     model = (await client.models.list()).data[0].id
     beats = Beats()
-    await beats.start(stack)
-    await beats.fresh(NODES, 0.0)
+    await beats.start(stack, nats_auth)
+    await beats.fresh(nodes, 0.0)
 
     def tokens(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=False)

@@ -24,7 +24,7 @@ from openai import AsyncOpenAI
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _environ(pid: int) -> dict[str, str]:
+def environ_of(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -33,7 +33,7 @@ def _environ(pid: int) -> dict[str, str]:
     return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
 
 
-def _pids() -> list[int]:
+def processes() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
@@ -77,8 +77,8 @@ class Stack:
     def children(self) -> dict[str, int]:
         """Name -> pid of every process this stack runs now."""
         found: dict[str, int] = {}
-        for pid in _pids():
-            env = _environ(pid)
+        for pid in processes():
+            env = environ_of(pid)
             if env.get("CRESCENT_UP_ID") and _parent(pid) == self.proc.pid:
                 found[env.get("CRESCENT_CHILD_NAME", str(pid))] = pid
         return found

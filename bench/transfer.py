@@ -32,21 +32,25 @@ from shared.transfer.base import BufferLike, create_client, create_server
 
 BLOCK_BYTES = 1_474_560
 LEASE = "bench"
-# (column, transport, environment of both processes). "UCX adaptive" is what the services run
-# by default: a waiting pull polls UCX, an idle process sleeps in epoll; UCX's protocol v1,
-# which the transport selects itself. "proto v2" is the same on UCX's newer protocol layer,
-# its own default. "UCX polling" polls for as long as anything waits, a server's wait for
-# requests included (a core per process, always); "UCX thread" leaves progress to ucxx's
-# progress thread. All copy blocks out of the server's memory with CMA.
+# (column, transport, environment of both processes). "UCX safe" is what the services run by
+# default: endpoints with peer error handling (a dying peer fails pulls, not the process), on
+# UCX's newer protocol layer, with the shared-memory transports told to take part
+# (shared/transfer/ucx_settings.py); a waiting pull polls UCX, an idle process sleeps in epoll.
+# "UCX unsafe" is CRESCENT_UCX_ERROR_HANDLING=off: no error handling, UCX's older protocol
+# layer, faster, but a dying peer can abort the puller; "unsafe v2" is the same on the newer
+# layer, which tells the cost of error handling from that of the layer. "safe, TCP" is error
+# handling on without those shared-memory settings, where UCX itself falls back to TCP. "safe
+# polling" polls for as long as anything waits, a server's wait for requests included (a core
+# per process, always); "safe thread" leaves progress to ucxx's progress thread. Every UCX
+# variant but "safe, TCP" copies blocks out of the server's memory with CMA.
+_SAFE_TCP = {"UCX_MM_ERROR_HANDLING": "n", "UCX_CMA_MEMORY_INVALIDATE": "n"}
 VARIANTS: tuple[tuple[str, str, dict[str, str]], ...] = (
-    ("UCX adaptive", "ucx", {"CRESCENT_UCX_PROGRESS": "adaptive"}),
-    (
-        "UCX adaptive proto v2",
-        "ucx",
-        {"CRESCENT_UCX_PROGRESS": "adaptive", "UCX_PROTO_ENABLE": "y"},
-    ),
-    ("UCX polling", "ucx", {"CRESCENT_UCX_PROGRESS": "polling"}),
-    ("UCX thread", "ucx", {"CRESCENT_UCX_PROGRESS": "thread"}),
+    ("UCX safe", "ucx", {"CRESCENT_UCX_PROGRESS": "adaptive"}),
+    ("UCX unsafe", "ucx", {"CRESCENT_UCX_ERROR_HANDLING": "off"}),
+    ("UCX unsafe v2", "ucx", {"CRESCENT_UCX_ERROR_HANDLING": "off", "UCX_PROTO_ENABLE": "y"}),
+    ("UCX safe, TCP", "ucx", _SAFE_TCP),
+    ("UCX safe polling", "ucx", {"CRESCENT_UCX_PROGRESS": "polling"}),
+    ("UCX safe thread", "ucx", {"CRESCENT_UCX_PROGRESS": "thread"}),
     ("TCP", "tcp", {}),
 )
 
@@ -196,7 +200,7 @@ def main() -> None:
         base = memcpy[count]
         cells = [ratio(measured[name][count], base) for name, _, _ in VARIANTS]
         table.add_row(f"{mib} MiB", str(count), f"{count * nbytes:,}", f"{base:.2f}", *cells)
-    Console(width=120).print(table)
+    Console(width=160).print(table)
     for hog in hogs:
         hog.kill()
 

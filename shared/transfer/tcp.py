@@ -4,21 +4,28 @@ Both ends use raw non-blocking sockets on the event loop rather than asyncio str
 (``tcp_client``) receives each block straight into its destination with ``sock_recv_into``
 (streams would copy every byte once more and run at about half the speed), and the server here
 sends from the provider's buffers with ``sock_sendall`` without staging them.
+
+The server guards itself against clients that misbehave or vanish: a request must arrive whole
+within ``read_timeout_s`` of its first byte, a connection may idle between pulls for
+``idle_timeout_s``, and at most ``max_connections`` are open at once. A connection over the cap
+takes the place of the one idle the longest, or is closed unread when none is idle. What a
+request makes the server allocate is bounded by the protocol's limits (``wire``), whatever
+sizes it announces: the blocks are the provider's, never buffers sized by the client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
-from collections.abc import Coroutine
-from typing import Any
 
 from shared.transfer.base import (
     DEFAULT_SEND_TIMEOUT_S,
     BlockProvider,
     TransferError,
 )
+from shared.transfer.tcp_deadlines import Deadlines
 from shared.transfer.wire import (
     REQUEST_HEAD_BYTES,
     PullRequest,
@@ -33,6 +40,12 @@ log = logging.getLogger(__name__)
 
 ADDRESS_PREFIX = b"tcp:"
 _WILDCARDS = ("", "0.0.0.0", "::")
+DEFAULT_READ_TIMEOUT_S = 10.0
+# Longer than a client keeps an unused connection (``tcp_client.MAX_IDLE_S``), so a healthy
+# client lets go of it first.
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+DEFAULT_MAX_CONNECTIONS = 256
+_REFUSED_LOG_EVERY = 1000
 
 
 class PeerClosedError(ConnectionError):
@@ -69,8 +82,9 @@ def decode_address(address: bytes) -> tuple[str, int]:
 class TcpTransferServer:
     """Serves pulls over TCP on ``host`` and an ephemeral port.
 
-    Owns the listening socket and one task per accepted connection.
-    Invariant: a connection carries one pull at a time, in order, so replies never interleave.
+    Owns the listening socket, the accepting and sweeping tasks and one task per connection,
+    which alone closes its socket. Invariants: a connection carries one pull at a time, in
+    order, so replies never interleave; at most ``max_connections`` are served at once.
     """
 
     def __init__(
@@ -79,22 +93,33 @@ class TcpTransferServer:
         host: str = "127.0.0.1",
         *,
         send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
     ) -> None:
         self._provider = provider
         self._host = host
         self._send_timeout_s = send_timeout_s
+        self._max_connections = max_connections
         self._sock: socket.socket | None = None
         self._address = b""
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._conns: set[socket.socket] = set()
+        self._workers: list[asyncio.Task[None]] = []  # accepting, sweeping
+        self._conns: dict[socket.socket, asyncio.Task[None]] = {}
+        self._deadlines = Deadlines(idle_timeout_s, read_timeout_s)
         self.bytes_sent = 0
         self.blocks_sent = 0
+        self.connections_refused = 0
 
     @property
     def address(self) -> bytes:
         if not self._address:
             raise TransferError("the TCP transfer server is not started")
         return self._address
+
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        return len(self._conns)
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -115,23 +140,22 @@ class TcpTransferServer:
             sock.close()
             raise TransferError(f"no address to publish for {self._host!r}: {exc}") from exc
         self._sock = sock
-        self._spawn(self._accept_loop(sock))
+        self._workers = [
+            asyncio.create_task(self._accept_loop(sock)),
+            asyncio.create_task(self._sweep()),
+        ]
 
     async def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        for conn in list(self._conns):
-            conn.close()
-        tasks = list(self._tasks)
+        # Tasks first: each takes its socket off the loop before closing it, so no descriptor
+        # is closed while the loop still watches it.
+        tasks = [*self._conns.values(), *self._workers]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._workers = []
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -139,41 +163,94 @@ class TcpTransferServer:
             try:
                 conn, _ = await loop.sock_accept(listener)
             except OSError:
-                if self._sock is None:
-                    return  # closed under us: the normal way out
                 log.exception("accept failed on the transfer socket")
                 await asyncio.sleep(0.1)  # e.g. out of descriptors; do not spin
                 continue
+            if len(self._conns) >= self._max_connections and not self._evict_idle():
+                conn.close()  # unread: a flood costs an accept and a close per connection
+                self._count_refused()
+                continue
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._conns.add(conn)
-            self._spawn(self._serve(conn))
+            task = asyncio.create_task(self._serve(conn))
+            self._conns[conn] = task
+            task.add_done_callback(functools.partial(self._forget, conn))
+
+    def _forget(self, conn: socket.socket, _: asyncio.Task[None]) -> None:
+        self._conns.pop(conn, None)  # already gone when evicted
+
+    def _evict_idle(self) -> bool:
+        """Make room by dropping the connection idle the longest; False when none is idle."""
+        conn = self._deadlines.longest_idle()
+        if conn is None:
+            return False
+        self._deadlines.done(conn)
+        self._conns.pop(conn).cancel()  # its task closes the socket
+        return True
+
+    async def _sweep(self) -> None:
+        """Drop the connections that idled or read past their deadlines."""
+        while True:
+            await asyncio.sleep(self._deadlines.tick_s)
+            idle, reading = self._deadlines.expired()
+            for conn in idle + reading:
+                task = self._conns.get(conn)
+                if task is not None:
+                    task.cancel()  # its task closes the socket
+            if reading:
+                log.info("dropped %d transfer connections slow to send a request", len(reading))
+
+    def _count_refused(self) -> None:
+        self.connections_refused += 1
+        if self.connections_refused % _REFUSED_LOG_EVERY == 1:
+            log.warning(
+                "transfer server at its cap of %d connections: refused %d so far",
+                self._max_connections,
+                self.connections_refused,
+            )
 
     async def _serve(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         head = memoryview(bytearray(REQUEST_HEAD_BYTES))
         try:
-            while True:
-                try:
-                    await recv_exactly(loop, conn, head)
-                except PeerClosedError:
-                    return  # the client hung up between pulls
-                try:
-                    body = memoryview(bytearray(request_body_bytes(head)))
-                except ValueError as exc:
-                    # The stream cannot be trusted past a bad header: answer, then hang up.
-                    await loop.sock_sendall(
-                        conn, Reply(0, Status.BAD_REQUEST, 0, str(exc)).encode()
-                    )
-                    return
-                await recv_exactly(loop, conn, body)
-                request = decode_request(bytes(head) + bytes(body))
+            while (request := await self._read_request(loop, conn, head)) is not None:
                 await self._send_answer(loop, conn, request)
         except (OSError, TimeoutError) as exc:
-            log.info("transfer connection dropped: %s", exc)
+            log.info("transfer connection dropped: %r", exc)
         finally:
-            self._conns.discard(conn)
+            self._deadlines.done(conn)
             conn.close()
+
+    async def _read_request(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, head: memoryview
+    ) -> PullRequest | None:
+        """The next request on ``conn``; None when the connection is to end quietly."""
+        deadlines = self._deadlines
+        deadlines.wait_for_request(conn)
+        got = await loop.sock_recv_into(conn, head)
+        if got == 0:
+            return None  # the client hung up between pulls
+        # One deadline for the rest of the request, however it trickles in.
+        deadlines.request_started(conn)
+        await recv_exactly(loop, conn, head[got:])
+        try:
+            body = memoryview(bytearray(request_body_bytes(head)))
+            await recv_exactly(loop, conn, body)
+            request = decode_request(bytes(head) + bytes(body))
+        except ValueError as exc:
+            deadlines.done(conn)
+            await self._refuse(loop, conn, exc)
+            return None
+        deadlines.done(conn)
+        return request
+
+    async def _refuse(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, exc: ValueError
+    ) -> None:
+        # The stream cannot be trusted past a bad request: answer, then hang up.
+        reply = Reply(0, Status.BAD_REQUEST, 0, str(exc)).encode()
+        async with asyncio.timeout(self._send_timeout_s):
+            await loop.sock_sendall(conn, reply)
 
     async def _send_answer(
         self, loop: asyncio.AbstractEventLoop, conn: socket.socket, request: PullRequest

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import socket
+import time
 from collections.abc import Sequence
 
 from shared.transfer.base import DEFAULT_TIMEOUT_S, BufferLike, TransferError
@@ -23,21 +24,31 @@ from shared.transfer.wire import (
 # Idle connections kept per peer; more concurrent pulls than this open extra ones that are
 # closed afterwards, so a burst does not leave sockets behind for good.
 MAX_IDLE_PER_PEER = 4
+# How long an unused connection is kept: well below the server's idle timeout
+# (``tcp.DEFAULT_IDLE_TIMEOUT_S``), so the server does not close one as a pull starts on it.
+MAX_IDLE_S = 30.0
+# A connection idle longer than this is checked for a close by the server before reuse (a
+# system call); one reused at once is not.
+CHECK_AFTER_S = 0.05
 
 
 class TcpTransferClient:
     """Pulls blocks over TCP, one connection per pull in flight, reused from a per-peer pool.
 
     Owns every socket it opened. Invariant: a pooled connection sits exactly between two pulls
-    (nothing left unread), so a pull that fails mid-stream closes its connection instead.
+    (nothing left unread), so a pull that fails mid-stream closes its connection instead; one
+    idle past ``max_idle_s``, or closed by the server, is closed rather than reused.
     """
 
-    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(
+        self, *, timeout_s: float = DEFAULT_TIMEOUT_S, max_idle_s: float = MAX_IDLE_S
+    ) -> None:
         self._timeout_s = timeout_s
+        self._max_idle_s = max_idle_s
         # One connection per pull in flight rather than one locked connection per peer: a
         # stream carries one reply at a time, so a lock would queue a small pull behind a large
         # one, and a pull that times out mid-stream would take the shared connection with it.
-        self._idle: dict[tuple[str, int], list[socket.socket]] = {}
+        self._idle: dict[tuple[str, int], list[tuple[socket.socket, float]]] = {}
         self._open: set[socket.socket] = set()
         self._ids = itertools.count(1)
         self.bytes_received = 0
@@ -121,12 +132,23 @@ class TcpTransferClient:
 
     def _take_idle(self, peer: tuple[str, int]) -> socket.socket | None:
         idle = self._idle.get(peer)
-        return idle.pop() if idle else None
+        now = time.monotonic()
+        while idle:  # the newest first
+            sock, since = idle.pop()
+            # Back-to-back pulls skip the check: only a connection left idle for a while may
+            # have been closed by the server (its idle timeout, or making room for another).
+            if now - since < CHECK_AFTER_S or (now - since < self._max_idle_s and _open(sock)):
+                return sock
+            self._discard(sock)
+        return None
 
     def _put_idle(self, peer: tuple[str, int], sock: socket.socket) -> None:
         idle = self._idle.setdefault(peer, [])
+        now = time.monotonic()
+        if idle and now - idle[0][1] > self._max_idle_s:
+            self._discard(idle.pop(0)[0])  # the oldest, unused for too long
         if len(idle) < MAX_IDLE_PER_PEER and sock in self._open:
-            idle.append(sock)
+            idle.append((sock, now))
         else:
             self._discard(sock)
 
@@ -134,3 +156,15 @@ class TcpTransferClient:
         self._open.discard(sock)
         with contextlib.suppress(OSError):
             sock.close()
+
+
+def _open(sock: socket.socket) -> bool:
+    """Whether an idle connection can carry a pull: the server has not closed it (nor sent
+    anything, which on an idle connection would be out of step with the protocol)."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return True  # nothing to read: still open, and in step
+    except OSError:
+        return False
+    return False

@@ -1,9 +1,9 @@
 """The UCX side of the transfer layer: loading ucxx, the tag layout and request posting.
 
-Endpoints are made from worker addresses with error handling off because that is what lets UCX
-choose shared memory within a host; listener endpoints always turn error handling on, which pins
-UCX to TCP even between two processes of one host. Worker-address endpoints have no accept step,
-so a pull is three kinds of tag messages:
+Endpoints are made from worker addresses, with UCX's peer error handling unless
+``CRESCENT_UCX_ERROR_HANDLING=off`` (``ucx_settings`` says what each mode sets and why): a peer
+that dies fails what was in flight to it, not this process. Worker-address endpoints have no
+accept step, so a pull is three kinds of tag messages:
 
   client -> server  tag REQUEST          a ``wire.PullRequest``; ``reply_to`` = client's address
   server -> client  tag BLOCK|rid|i      the bytes of block i; empty when the reply is an error
@@ -25,7 +25,6 @@ optional dependency.
 from __future__ import annotations
 
 import itertools
-import os
 import secrets
 from collections.abc import Iterable
 from typing import Any
@@ -33,6 +32,8 @@ from typing import Any
 from shared.transfer.base import BufferLike, TransferError
 from shared.transfer.ucx_endpoints import Endpoints, Inboxes
 from shared.transfer.ucx_progress import Progress, mode_from_env
+from shared.transfer.ucx_settings import apply_defaults
+from shared.transfer.ucx_settings import mode_from_env as error_mode_from_env
 from shared.transfer.wire import MAX_BLOCKS_PER_PULL
 
 ADDRESS_PREFIX = b"ucx:"
@@ -98,9 +99,10 @@ class Ucx:
     Invariant: ``address`` is the worker's address, fixed for the life of the process.
     """
 
-    def __init__(self, api: Any, array: Any, mode: str) -> None:
+    def __init__(self, api: Any, array: Any, mode: str, *, error_handling: bool) -> None:
         self._api = api
         self._array = array
+        self.error_handling = error_handling
         context = api.UCXContext({})
         self.worker = api.UCXWorker(context)
         self._context = context  # the worker needs its context alive
@@ -115,9 +117,10 @@ class Ucx:
         return self.address
 
     def _connect(self, address: bytes) -> Any:
-        # Error handling off: with it on, UCX leaves shared memory for TCP (module docstring).
         remote = self._api.UCXAddress.create_from_buffer(address)
-        return self._api.UCXEndpoint.create_from_worker_address(self.worker, remote, False)
+        return self._api.UCXEndpoint.create_from_worker_address(
+            self.worker, remote, self.error_handling
+        )
 
     # Posting at the binding level and waiting for a whole batch keeps a single waiter alive
     # while UCX moves every message; ucxx's per-request coroutines would each poll on every
@@ -151,21 +154,19 @@ def load_ucx() -> Ucx:
     global _binding
     if _binding is None:
         mode = mode_from_env()
-        # UCX reads its settings when the context is made. Shared memory keeps UCX's default
-        # rendezvous, where the client copies each block straight out of the server's memory
-        # (CMA): without CMA, blocks go through FIFOs that need both processes on a core at
-        # once, and pulls fall to a tenth of TCP's speed once the host is busy. UCX's older
-        # protocol layer (v1) runs that copy faster than its default v2 (bench/transfer.py
-        # measures both, see docs/benchmarks.md); UCX_PROTO_ENABLE=y selects v2 again.
-        os.environ.setdefault("UCX_PROTO_ENABLE", "n")
-        os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+        error_mode = error_mode_from_env()
+        # UCX reads its settings when the context is made. Either mode keeps UCX's rendezvous
+        # where the client copies each block straight out of the server's memory (CMA):
+        # without CMA, blocks go through FIFOs that need both processes on a core at once,
+        # and pulls fall to a tenth of TCP's speed once the host is busy.
+        apply_defaults(error_mode)
         try:
             import ucxx._lib.libucxx as api
             from ucxx._lib.arr import Array
         except Exception as exc:
             raise TransferError(f"{_UNAVAILABLE}cannot import ucxx ({exc!r})") from exc
         try:
-            _binding = Ucx(api, Array, mode)
+            _binding = Ucx(api, Array, mode, error_handling=error_mode == "peer")
         except Exception as exc:
             raise TransferError(f"{_UNAVAILABLE}cannot start a UCX worker ({exc!r})") from exc
     return _binding

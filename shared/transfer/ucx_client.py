@@ -66,14 +66,17 @@ class UcxTransferClient:
         except TimeoutError:
             where = _where(lease_id, views)
             raise TransferError(f"{where} timed out after {timeout:g} s") from None
-        except Exception as exc:  # ucxx errors: peer unreachable, malformed reply
-            raise TransferError(f"{_where(lease_id, views)} failed: {exc!r}") from exc
+        except Exception as exc:  # ucxx errors: peer gone or unreachable, malformed reply
+            gone = " (the server is gone)" if ucx.endpoints.failed(server) else ""
+            raise TransferError(f"{_where(lease_id, views)} failed{gone}: {exc!r}") from exc
         finally:
             # Only a pull that got every message back leaves its inbox with nothing posted.
             if inbox is not None and reply is not None:
                 ucx.inboxes.give_back(inbox)
             elif inbox is not None:
                 ucx.inboxes.cancel(inbox)
+            if reply is None:
+                ucx.endpoints.drop_failed()  # a dead server's endpoint must not serve again
         assert reply is not None  # the try block either set it or raised
         if reply.status != Status.OK:
             reply.raise_for_status(_where(lease_id, views))
@@ -104,7 +107,10 @@ async def _exchange(
     tags.append((head, reply_tag(rid)))
     got = ucx.post_recvs(inbox, tags)
     sent = ucx.post_sends(ep, ((memoryview(request.encode()), REQUEST_TAG),))
-    await ucx.progress.wait(sent.requests + got.requests, until=until)
+    # The receives are posted on the inbox, so a server that dies before its blocks are read
+    # fails only its endpoint (on a keepalive round): the wait watches that endpoint too.
+    alive = (lambda: ep.alive) if ucx.error_handling else None
+    await ucx.progress.wait(sent.requests + got.requests, until=until, alive=alive)
     reply = decode_reply(head.data)
     if reply.request_id != rid:
         raise ValueError(f"reply to request {reply.request_id}, not {rid}")

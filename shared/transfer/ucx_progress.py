@@ -26,7 +26,7 @@ import asyncio
 import atexit
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from shared.transfer.base import TransferError
@@ -48,6 +48,7 @@ _FIRST_BACKOFF_S = 50e-6
 _MAX_BACKOFF_S = 0.002
 _UCS_OK = 0
 _UCS_INPROGRESS = 1  # ucs_status_t of a request not yet completed
+Alive = Callable[[], bool]
 
 
 def mode_from_env(environ: Mapping[str, str] | None = None) -> str:
@@ -92,7 +93,12 @@ class Progress:
         self._on_event()
 
     async def wait(
-        self, requests: Sequence[Any], *, idle: bool = False, until: float | None = None
+        self,
+        requests: Sequence[Any],
+        *,
+        idle: bool = False,
+        until: float | None = None,
+        alive: Alive | None = None,
     ) -> None:
         """Return once every one of ``requests`` has completed; raises the first error, if any,
         as soon as every request before it has completed.
@@ -104,17 +110,21 @@ class Progress:
         ``until``: a ``time.monotonic()`` deadline, past which the wait raises ``TimeoutError``
         and leaves the requests posted. Checked here rather than by ``asyncio.timeout``, whose
         timer costs a pull more than the clock reads this loop makes anyway.
+        ``alive``: whether the peer that must answer is still there, read with the clock; once
+        false, the wait raises ``ConnectionResetError``. Requests posted elsewhere than on the
+        peer's endpoint (a pull's receives) do not fail with it by themselves.
         """
         batch = _Batch(requests)
         if not batch.done():
+            limit = _Limit(until, alive)
             if self.mode == "thread":
-                await _backing_off(batch, until)
-            elif not await self._poll(batch, None if self.mode == "polling" else HOT_S, until):
-                await self._sleep(batch, IDLE_POLL_S if idle else STALLED_POLL_S, until)
+                await _backing_off(batch, limit)
+            elif not await self._poll(batch, None if self.mode == "polling" else HOT_S, limit):
+                await self._sleep(batch, IDLE_POLL_S if idle else STALLED_POLL_S, limit)
         if batch.failed:
             requests[batch.next - 1].check_error()
 
-    async def _poll(self, batch: _Batch, budget_s: float | None, until: float | None) -> bool:
+    async def _poll(self, batch: _Batch, budget_s: float | None, limit: _Limit) -> bool:
         """Progress until ``batch`` completes (True) or ``budget_s`` passes with none of its
         requests completing (False): the budget is for the gap between two blocks, not for
         a whole pull, which may take longer than that."""
@@ -128,7 +138,7 @@ class Progress:
                 if batch.done():
                     return True
                 now = time.monotonic()
-                _check(until, now)
+                limit.check(now)
                 if budget_s is not None:
                     if batch.next != before:
                         give_up = now + budget_s
@@ -140,12 +150,13 @@ class Progress:
             if not self._polling:
                 self._arm_soon()
 
-    async def _sleep(self, batch: _Batch, poll_s: float, until: float | None) -> None:
+    async def _sleep(self, batch: _Batch, poll_s: float, limit: _Limit) -> None:
         assert self._loop is not None, "attach() first"
         key = id(batch)
+        until = limit.until
         while not batch.done():
             now = time.monotonic()
-            _check(until, now)
+            limit.check(now)
             woken = self._loop.create_future()
             self._asleep[key] = (batch, woken)
             try:
@@ -218,19 +229,33 @@ class _Batch:
         return i == n
 
 
-def _check(until: float | None, now: float) -> None:
-    if until is not None and now > until:
-        raise TimeoutError
+class _Limit:
+    """When a wait must stop short: its deadline, and the peer it depends on going away.
+
+    Owns nothing. Invariant: ``check`` raises once either limit is reached, and keeps raising.
+    """
+
+    __slots__ = ("alive", "until")
+
+    def __init__(self, until: float | None, alive: Alive | None) -> None:
+        self.until = until
+        self.alive = alive
+
+    def check(self, now: float) -> None:
+        if self.until is not None and now > self.until:
+            raise TimeoutError
+        if self.alive is not None and not self.alive():
+            raise ConnectionResetError("the peer is gone")
 
 
-async def _backing_off(batch: _Batch, until: float | None) -> None:
+async def _backing_off(batch: _Batch, limit: _Limit) -> None:
     # Another thread progresses: spin briefly (blocks arrive back to back), then back off so
     # a long wait does not keep a core busy.
     # A request completing starts the spin over: the next block is likely close behind.
     spin_until, delay, seen = 0.0, 0.0, -1
     while not batch.done():
         now = time.monotonic()
-        _check(until, now)
+        limit.check(now)
         if batch.next != seen:
             seen, spin_until, delay = batch.next, now + _SPIN_S, 0.0
         elif now > spin_until:

@@ -74,7 +74,8 @@ class UcxTransferServer:
         self._closing = True
         await self._wake_receiver()
         # Pulls in flight finish first: their clients read this process's memory directly, and
-        # UCX aborts a client whose server vanishes in the middle of such a read.
+        # a server vanishing in the middle of such a read fails their pulls (or, with error
+        # handling off, aborts them).
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=_DRAIN_S)
         tasks = list(self._tasks)
@@ -152,9 +153,12 @@ class UcxTransferServer:
             async with asyncio.timeout(self._send_timeout_s):
                 await sends.wait()
         except Exception as exc:
-            # The client died or gave up on this pull. Its sends stay posted: cancelling them
-            # would mean closing the endpoint, which can freeze this loop (see ucx_endpoints).
+            # The client died or gave up on this pull. With error handling on, a dead client's
+            # endpoint has failed its sends already and is dropped here. Otherwise the sends
+            # stay posted: cancelling them would mean closing a working endpoint, which can
+            # freeze this loop (see ucx_endpoints).
             log.info("UCX pull %d not delivered: %r", request.request_id, exc)
+            self._ucx.endpoints.drop_failed()
             return
         self.bytes_sent += result.reply.total_bytes
         self.blocks_sent += len(result.views)

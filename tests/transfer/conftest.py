@@ -21,6 +21,13 @@ ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("tcp", "ucx")
 
 
+def read_line(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The next line a child prints, or "" if none comes within ``timeout_s``."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    return proc.stdout.readline().strip() if ready else ""
+
+
 class PeerProcess:
     """A ``tests.transfer.peer`` server in a child process.
 
@@ -36,9 +43,7 @@ class PeerProcess:
             stdout=subprocess.PIPE,
             text=True,
         )
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30.0)
-        line = self.proc.stdout.readline().split() if ready else []
+        line = read_line(self.proc, 30.0).split()
         if len(line) != 2 or line[0] != "ADDRESS":
             self.kill()
             raise RuntimeError(f"{kind} peer did not start (got {line!r})")

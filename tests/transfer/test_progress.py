@@ -117,3 +117,31 @@ def test_a_batch_longer_than_the_polling_budget_polls_through(
         os.close(worker.write_fd)
     assert all(r.status == 0 for r in requests)
     assert worker.now > 4 * ucx_progress.HOT_S
+
+
+def test_a_wait_gives_up_once_its_peer_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The requests never complete (the worker completes one in a million calls): only the
+    # peer's endpoint failing can end the wait before its deadline, in either loop.
+    requests = [FakeRequest() for _ in range(2)]
+    worker = FakeWorker(requests, step_s=ucx_progress.HOT_S / 4, every=10**6)
+    monkeypatch.setattr(ucx_progress, "time", worker)
+    checks = 0
+
+    def alive() -> bool:
+        nonlocal checks
+        checks += 1
+        return checks < 50  # past the polling budget: the wait is asleep by then
+
+    async def scenario() -> None:
+        progress = ucx_progress.Progress(worker, "adaptive")
+        progress.attach()
+        with pytest.raises(ConnectionResetError):
+            wait = progress.wait(requests, until=worker.now + 1e6, alive=alive)
+            await asyncio.wait_for(wait, 5.0)  # real seconds: a wait that ignores alive fails
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        os.close(worker.read_fd)
+        os.close(worker.write_fd)
+    assert checks == 50

@@ -125,8 +125,8 @@ def test_dead_server_fails_pulls_within_the_timeout(run: asyncio.Runner, peer: P
 
 
 def test_tcp_server_dying_mid_stream_fails_the_pull(run: asyncio.Runner) -> None:
-    # TCP only: UCX's client copies straight out of the server's memory, and UCX aborts the
-    # client process if the server dies during that copy (see shared.transfer.ucx).
+    # TCP here; a UCX server dying mid-pull is tested with both sides in child processes
+    # (test_peer_death), since without error handling UCX would abort the pulling process.
     doomed = PeerProcess("tcp")
     client = create_client("tcp", timeout_s=2.0)
     ids, dest = list(range(16)), zeros(16)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import difflib
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -21,20 +22,9 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def environ_of(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in pairs}
-
-
-def processes() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+from crescent.procfs import children_of
 
 
 @dataclass
@@ -53,7 +43,7 @@ class Stack:
 
     @classmethod
     def start(
-        cls, data_dir: Path, env: dict[str, str], args: Sequence[str], timeout_s: float = 600
+        cls, data_dir: Path, env: dict[str, str], args: Sequence[str] = (), timeout_s: float = 600
     ) -> Stack:
         port = _free_port()
         argv = [sys.executable, "-m", "crescent", "up", "--port", str(port)]
@@ -72,16 +62,17 @@ class Stack:
             if line.startswith("Crescent is serving"):
                 return stack
         proc.kill()
-        raise RuntimeError("crescent up did not become ready:\n" + "".join(stack.output))
+        logs = "".join(stack.output)
+        raise RuntimeError(f"crescent up did not become ready:\n{logs}\n{collect_logs(data_dir)}")
+
+    @property
+    def up_id(self) -> str:
+        """The id every process of this stack carries (``CRESCENT_UP_ID``)."""
+        return str(json.loads((self.data_dir / "stack.json").read_text())["up_id"])
 
     def children(self) -> dict[str, int]:
         """Name -> pid of every process this stack runs now."""
-        found: dict[str, int] = {}
-        for pid in processes():
-            env = environ_of(pid)
-            if env.get("CRESCENT_UP_ID") and _parent(pid) == self.proc.pid:
-                found[env.get("CRESCENT_CHILD_NAME", str(pid))] = pid
-        return found
+        return children_of(self.proc.pid)
 
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> int:
         pid = self.children()[name]
@@ -103,16 +94,17 @@ class Stack:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self, timeout_s: float = 120) -> int:
+        """SIGTERM to `crescent up`; its exit status."""
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=timeout_s)
 
 
-def _parent(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return -1
-    return int(stat.rsplit(")", 1)[1].split()[1])
+def collect_logs(data_dir: Path) -> str:
+    """The tail of every service's log, for a failure's message."""
+    parts = []
+    for log in sorted((data_dir / "logs").glob("*.log")):
+        parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
 
 
 def _free_port() -> int:

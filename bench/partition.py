@@ -27,7 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos import Harness, Live, open_harness, stories
-from bench.faults import Stack, Tally, environ_of
+from bench.faults import Stack, Tally
+from crescent.procfs import environ_of
 
 __all__ = ["Tally", "namespace", "open_partitioned", "partition", "start", "stop", "supported"]
 from tests.support.nats import free_port, nats_server_binary

@@ -7,10 +7,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
-from typing import Any, Literal
+from typing import Literal
 
 from shared import subjects
+from shared.background import Background
 from shared.cluster_messages import KVHandoff, LeaseRelease, NodeStatus, TaskAck
 from shared.engine.types import ImportSlot, RequestOutput
 from shared.errors import InvalidRequestError
@@ -39,22 +39,23 @@ class DecodeRole:
         self.node = node
         self.waiting: deque[KVHandoff] = deque()
         self.cached_tokens: dict[str, int] = {}
-        self._work: set[asyncio.Task[None]] = set()
+        self._work = Background()
         self._admitting = asyncio.Lock()
 
     async def on_handoff(self, handoff: KVHandoff) -> TaskAck:
         node, req = self.node, handoff.request
         rid = req.request_id
-        if not node.takes_work:
-            return self._ack(False, "draining" if node.draining else "unhealthy")
+        refusal = node.refusal()
+        if refusal is not None:
+            return node.ack(False, refusal)
         try:
             req.sampling.to_params()
         except InvalidRequestError as exc:
-            return self._ack(False, str(exc), 400)
+            return self.node.ack(False, str(exc), 400)
         if node.ledger.active(rid) is not None:
-            return self._ack(True)  # the same hand-off again: its first ack was lost
+            return self.node.ack(True)  # the same hand-off again: its first ack was lost
         if len(self.waiting) >= node.settings.max_waiting:
-            return self._ack(False, "the decode queue is full")
+            return self.node.ack(False, "the decode queue is full")
         holding = node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         # The first token is this node's output too, so a replay can start from it.
         node.ledger.record(
@@ -63,15 +64,8 @@ class DecodeRole:
         holding.num_cached_tokens = handoff.num_cached_tokens
         self.cached_tokens[rid] = handoff.num_cached_tokens
         self.waiting.append(handoff)
-        self._spawn(self.admit_waiting())
-        return self._ack(True)
-
-    def _ack(self, accepted: bool, reason: str = "", code: int | None = None) -> TaskAck:
-        node = self.node
-        return TaskAck(
-            accepted=accepted, node_id=node.node_id, epoch=node.epoch, reason=reason,
-            error_code=code,
-        )  # fmt: skip
+        self._work.spawn(self.admit_waiting())
+        return self.node.ack(True)
 
     async def admit_waiting(self) -> None:
         """Reserves room for waiting hand-offs in arrival order while the pool has it; each
@@ -84,7 +78,7 @@ class DecodeRole:
                     return
                 self.waiting.popleft()
                 if slot is not None:
-                    self._spawn(self._complete(handoff, slot))
+                    self._work.spawn(self._complete(handoff, slot))
 
     async def _reserve(self, handoff: KVHandoff) -> ImportSlot | Literal[False] | None:
         """The reserved blocks; None if the hand-off was refused (its error is sent); False
@@ -196,11 +190,4 @@ class DecodeRole:
         status.running_seqs += len(self.waiting)
 
     async def close(self) -> None:
-        for work in list(self._work):
-            work.cancel()
-        await asyncio.gather(*self._work, return_exceptions=True)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._work.add(task)
-        task.add_done_callback(self._work.discard)
+        await self._work.close()

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from services.gateway import errors
 from shared import subjects
+from shared.background import Background
 from shared.bus import Bus, BusRequestError, NoResponders, Subscription
 from shared.cluster_messages import NodeStatus
 from shared.liveness import Liveness
@@ -78,7 +79,7 @@ class Dispatcher:
         self.submit_policy = submit or SubmitPolicy()
         self.in_flight: dict[str, Listener] = {}
         self._floors: dict[str, tuple[float, float]] = {}  # scheduler -> (TTFT floor, SLO)
-        self._cleanups: set[asyncio.Task[None]] = set()
+        self._cleanups = Background()
         self._subscriptions: list[Subscription] = []
 
     async def start(self) -> None:
@@ -189,10 +190,7 @@ class Dispatcher:
     ) -> None:
         if not request_ids and not subscriptions:
             return
-        work = self._cleanup(request_ids, subscriptions, only_node)
-        task = asyncio.get_running_loop().create_task(work)
-        self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
+        self._cleanups.spawn(self._cleanup(request_ids, subscriptions, only_node))
 
     async def _cleanup(
         self, request_ids: Sequence[str], subscriptions: Sequence[Subscription], only_node: str
@@ -211,8 +209,7 @@ class Dispatcher:
 
     async def drain(self) -> None:
         """Waits for pending aborts, so that none is lost when the connection closes."""
-        if self._cleanups:
-            await asyncio.gather(*self._cleanups, return_exceptions=True)
+        await self._cleanups.wait()
         for subscription in self._subscriptions:
             try:
                 await subscription.unsubscribe()

@@ -10,9 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
@@ -20,6 +19,7 @@ from services.gateway import errors
 from services.gateway.dispatch import Dispatcher, SubmitTimeout
 from services.gateway.errors import ApiError
 from services.gateway.recovery import ChoiceWatch
+from shared.background import Background
 from shared.bus import Subscription
 from shared.messages import GenerateRequest, ReplayReply, SubmitReply, TokenChunk
 
@@ -87,7 +87,7 @@ class Flight:
     reconnected: bool = False
     closed: bool = False
     resume_wait_s: float = 30.0
-    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _work: Background = field(default_factory=Background)
 
     @classmethod
     def of(cls, dispatcher: Dispatcher, requests: Sequence[GenerateRequest]) -> Flight:
@@ -174,7 +174,7 @@ class Flight:
         stream.offset = sampling.output_offset
         if stream.watch is not None:
             stream.watch.restart(self.dispatcher.clock())
-        self._spawn(self._resume(stream, self._next_attempt(stream, request)))
+        self._work.spawn(self._resume(stream, self._next_attempt(stream, request)))
 
     async def _resume(self, stream: ChoiceStream, request: GenerateRequest) -> None:
         """Submits the resumed attempt; while no node can take it (they restart, say), it is
@@ -195,7 +195,7 @@ class Flight:
     def replay(self, stream: ChoiceStream, owner: str, from_index: int) -> None:
         """Asks ``owner`` for the attempt's output from ``from_index``, in the background;
         the answer arrives as a ``Replayed`` event."""
-        self._spawn(self._replay(stream.index, stream.request_id, owner, from_index))
+        self._work.spawn(self._replay(stream.index, stream.request_id, owner, from_index))
 
     async def _replay(self, choice: int, request_id: str, owner: str, from_index: int) -> None:
         reply = await self.dispatcher.replay(owner, request_id, from_index)
@@ -227,8 +227,7 @@ class Flight:
         if self.closed:
             return
         self.closed = True
-        for task in list(self._tasks):
-            task.cancel()
+        self._work.cancel()
         leftovers = [s.request_id for s in self.streams if not (s.ended or s.refused)]
         subscriptions = [s.subscription for s in self.streams if s.subscription is not None]
         for stream in self.streams:
@@ -239,8 +238,3 @@ class Flight:
     def _let_go(self, request_id: str, subscriptions: list[Subscription]) -> None:
         self.dispatcher.in_flight.pop(request_id, None)
         self.dispatcher.abort_soon([request_id], subscriptions)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)

@@ -8,10 +8,9 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Coroutine
-from typing import Any
 
 from shared import subjects
+from shared.background import Background
 from shared.bus import BusRequestError, NoResponders
 from shared.cluster_messages import KVHandoff, NodeStatus, PrefillTask, TaskAck
 from shared.engine.sequence import FinishReason
@@ -46,33 +45,27 @@ class PrefillRole:
         self.arrived: dict[str, float] = {}
         # (predicted, actual) seconds from arrival to first token, for the scheduler.
         self.ttft_samples: deque[tuple[float, float]] = deque(maxlen=64)
-        self._work: set[asyncio.Task[None]] = set()
+        self._work = Background()
 
     async def on_task(self, task: PrefillTask) -> TaskAck:
         node, req = self.node, task.request
         rid = req.request_id
-        if not node.takes_work:
-            return self._ack(False, "draining" if node.draining else "unhealthy")
+        refusal = node.refusal()
+        if refusal is not None:
+            return node.ack(False, refusal)
         try:
             params = req.sampling.to_params()
         except InvalidRequestError as exc:
-            return self._ack(False, str(exc), 400)
+            return self.node.ack(False, str(exc), 400)
         if node.ledger.active(rid) is not None:
-            return self._ack(True)  # the same hand-off again: its first ack was lost
+            return self.node.ack(True)  # the same hand-off again: its first ack was lost
         if len(self.tasks) >= node.settings.max_waiting:
-            return self._ack(False, "the prefill queue is full")
+            return self.node.ack(False, "the prefill queue is full")
         node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         self.tasks[rid] = task
         self.arrived[rid] = time.monotonic()
-        self._spawn(self._start(task, params))
-        return self._ack(True)
-
-    def _ack(self, accepted: bool, reason: str = "", code: int | None = None) -> TaskAck:
-        node = self.node
-        return TaskAck(
-            accepted=accepted, node_id=node.node_id, epoch=node.epoch, reason=reason,
-            error_code=code,
-        )  # fmt: skip
+        self._work.spawn(self._start(task, params))
+        return self.node.ack(True)
 
     async def _start(self, task: PrefillTask, params: SamplingParams) -> None:
         """Pulls the planned prefix, then admits the request in the same engine call that
@@ -235,11 +228,4 @@ class PrefillRole:
         self.ttft_samples.clear()
 
     async def close(self) -> None:
-        for work in list(self._work):
-            work.cancel()
-        await asyncio.gather(*self._work, return_exceptions=True)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
-        self._work.add(task)
-        task.add_done_callback(self._work.discard)
+        await self._work.close()

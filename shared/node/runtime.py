@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from shared import subjects
 from shared.bus import Bus, NatsBus
-from shared.cluster_messages import LeaseRelease, NodeStatus, PinRequest, StepSample
+from shared.cluster_messages import LeaseRelease, NodeStatus, PinRequest, StepSample, TaskAck
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
 from shared.engine.types import RequestOutput, StepTiming
@@ -150,7 +150,20 @@ class NodeRuntime:
 
     @property
     def takes_work(self) -> bool:
-        return not self.draining and not self.host.stuck()
+        return self.refusal() is None
+
+    def refusal(self) -> str | None:
+        """Why the node takes no new work now, or None."""
+        if self.draining:
+            return "draining"
+        return "unhealthy" if self.host.stuck() else None
+
+    def ack(self, accepted: bool, reason: str = "", code: int | None = None) -> TaskAck:
+        """The node's answer to a hand-off."""
+        return TaskAck(
+            accepted=accepted, node_id=self.node_id, epoch=self.epoch, reason=reason,
+            error_code=code,
+        )  # fmt: skip
 
     async def send(self, chunk: TokenChunk) -> None:
         """Publishes a chunk of one of this node's requests, signed with who made it."""

@@ -55,7 +55,7 @@ def gstack(
             "CRESCENT_CACHEMETA_URL": cachemeta.target,
             "CRESCENT_DB_URL": postgres.sqlalchemy_url(database),
         }
-        stack = Stack.start(data_dir, env, extra_args=["--prefill", "2"])
+        stack = Stack.start(data_dir, env, ["--prefill", "2"])
         try:
             yield GlobalStack(stack, cachemeta, database, nats_server.url)
         finally:

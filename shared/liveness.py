@@ -20,6 +20,7 @@ class Peer:
     healthy: bool = True
     draining: bool = False
     disconnected_at: float | None = None
+    epoch_since: float = 0.0  # when this epoch was first heard
 
 
 @dataclass(slots=True)
@@ -47,7 +48,9 @@ class Liveness:
         healthy: bool = True,
         draining: bool = False,
     ) -> None:
-        self.peers[node_id] = Peer(node_id, role, epoch, now, healthy, draining)
+        old = self.peers.get(node_id)
+        since = old.epoch_since if old is not None and old.epoch == epoch else now
+        self.peers[node_id] = Peer(node_id, role, epoch, now, healthy, draining, None, since)
 
     def disconnected(self, connection_name: str, now: float) -> str | None:
         """Records that a connection closed; returns the id of the peer it was, if known."""
@@ -65,12 +68,18 @@ class Liveness:
             if peer.disconnected_at is None:
                 peer.last_seen = max(peer.last_seen, now)
 
-    def alive(self, node_id: str, now: float, epoch: str = "") -> bool:
+    def alive(self, node_id: str, now: float, epoch: str = "", since: float | None = None) -> bool:
+        """Whether ``node_id`` (in ``epoch``, if given) is alive. ``since``: when the caller
+        learnt of that epoch; a peer whose last heard epoch is older than that simply has not
+        been heard in the new one yet (it gets a timeout), while one heard in another epoch
+        since then has restarted."""
         peer = self.peers.get(node_id)
         if peer is None:
             # Not heard of yet: fine while we have not listened a full timeout ourselves.
             return now - self.started_at <= self.timeout_s
         if epoch and peer.epoch != epoch:
+            if since is not None and peer.epoch_since < since:
+                return now - since <= self.timeout_s
             return False
         if peer.disconnected_at is not None and peer.disconnected_at >= peer.last_seen:
             return False

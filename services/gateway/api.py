@@ -20,12 +20,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway import errors
 from services.gateway.auth import ApiKeys
+from services.gateway.completions import Completions
 from services.gateway.errors import ApiError
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.requests import PreparedRequest, RequestBuilder
 from services.gateway.responses import Shapes
 from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
-from services.gateway.service import Completions, Run
+from services.gateway.service import Run
 from services.gateway.validation import decode_body
 
 log = logging.getLogger(__name__)

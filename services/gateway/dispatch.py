@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from services.gateway import errors
 from shared import subjects
@@ -28,11 +28,13 @@ from shared.messages import (
     ReplayReply,
     ReplayRequest,
     SubmitReply,
+    TokenChunk,
 )
 from shared.nats_events import disconnected_name
 
 log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_S = 1.5
+PRUNE_EVERY_S = 10.0
 
 
 class SubmitTimeout(Exception):
@@ -79,6 +81,7 @@ class Dispatcher:
         self.submit_policy = submit or SubmitPolicy()
         self.in_flight: dict[str, Listener] = {}
         self._floors: dict[str, tuple[float, float]] = {}  # scheduler -> (TTFT floor, SLO)
+        self._pruned_at = clock()
         self._cleanups = Background()
         self._subscriptions: list[Subscription] = []
 
@@ -126,6 +129,7 @@ class Dispatcher:
             return
         if status.role == "scheduler":
             self._floors[status.node_id] = (status.ttft_floor_s, status.ttft_slo_s)
+        self._forget_old(self.clock())
         self.liveness.beat(
             status.node_id,
             status.role,
@@ -134,6 +138,15 @@ class Dispatcher:
             healthy=status.healthy,
             draining=status.draining,
         )
+
+    def _forget_old(self, now: float) -> None:
+        """Lets services gone for good (replaced under new ids) leave the view."""
+        if now - self._pruned_at < PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        self.liveness.forget_old(now)
+        for node_id in [n for n in self._floors if n not in self.liveness.peers]:
+            del self._floors[node_id]
 
     async def _on_disconnect(self, data: bytes) -> None:
         name = disconnected_name(data)
@@ -148,9 +161,9 @@ class Dispatcher:
         for listener in set(self.in_flight.values()):
             listener.bus_reconnected()
 
-    async def subscribe_tokens(self, request_id: str, handler: Any) -> Subscription:
-        from shared.messages import TokenChunk
-
+    async def subscribe_tokens(
+        self, request_id: str, handler: Callable[[TokenChunk], Awaitable[None]]
+    ) -> Subscription:
         return await self.bus.subscribe(subjects.tokens(request_id), TokenChunk, handler)
 
     async def submit(self, request: GenerateRequest) -> SubmitReply:

@@ -84,7 +84,7 @@ class Flight:
     dispatcher: Dispatcher
     streams: list[ChoiceStream]
     queue: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    reconnected: bool = False
+    reconnected_at: float | None = None  # when the bus came back, until the run probes
     closed: bool = False
     resume_wait_s: float = 30.0
     _work: Background = field(default_factory=Background)
@@ -98,7 +98,7 @@ class Flight:
         return cls(dispatcher, streams)
 
     def bus_reconnected(self) -> None:
-        self.reconnected = True
+        self.reconnected_at = self.dispatcher.clock()
 
     async def start(self) -> list[SubmitReply]:
         """Submits every choice; raises the ``ApiError`` of the first refused one (the others

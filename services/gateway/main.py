@@ -16,12 +16,13 @@ from fastapi import FastAPI
 
 from services.gateway.api import Gateway, build_app
 from services.gateway.auth import ApiKeys
+from services.gateway.completions import Completions
 from services.gateway.config import GatewaySettings
 from services.gateway.dispatch import Dispatcher, SubmitPolicy
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.recovery import RecoveryPolicy
 from services.gateway.requests import RequestBuilder
-from services.gateway.service import Completions, Limits
+from services.gateway.service import Limits
 from shared import subjects
 from shared.bus import Bus, NatsBus
 from shared.cluster_messages import NodeStatus

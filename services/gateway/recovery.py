@@ -48,6 +48,7 @@ class ChoiceWatch:
     owner: str
     owner_epoch: str
     progress_at: float
+    owner_since: float = 0.0  # when the current owner was learnt
     attempt: int = 0
     resumes: int = 0
     gap_since: float | None = None
@@ -60,6 +61,7 @@ class ChoiceWatch:
     def on_chunk(self, chunk: TokenChunk, advanced: bool, now: float) -> None:
         if chunk.owner:
             self.owner, self.owner_epoch = chunk.owner, chunk.owner_epoch
+            self.owner_since = now
             self.noticed = True
         if chunk.migrate:
             self.leaving = True
@@ -82,6 +84,7 @@ class ChoiceWatch:
         first and named a later owner already, which then stands."""
         if not self.owner:
             self.owner, self.owner_epoch = owner, owner_epoch
+            self.owner_since = now
         self.progress_at = max(self.progress_at, now)
 
     def decide(self, now: float, owner_alive: bool, has_gap: bool, policy: RecoveryPolicy) -> Act:

@@ -8,10 +8,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-import msgspec
-
 from services.gateway import errors
-from services.gateway.dispatch import Dispatcher
 from services.gateway.flight import Arrived, ChoiceStream, Event, Flight, Moved, Replayed
 from services.gateway.output import BackendError, ChoiceAssembler, Delta
 from services.gateway.recovery import Act, ChoiceWatch, RecoveryPolicy
@@ -21,6 +18,8 @@ from shared.model.tokenizer import Tokenizer
 
 #: How often a run looks at its choices when no event wakes it.
 TICK_S = 0.2
+#: How long after the bus came back a run asks the nodes what it missed.
+REPROBE_DELAY_S = 1.0
 
 
 @dataclass(slots=True)
@@ -68,7 +67,7 @@ class Run:
         flight: Flight,
         tokenizer: Tokenizer,
         limits: Limits,
-        alive: Callable[[str, str], bool],
+        alive: Callable[[str, str, float], bool],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.request = request
@@ -106,7 +105,7 @@ class Run:
         replies = await self._flight.start()
         now = self._clock()
         for stream, reply in zip(self._flight.streams, replies, strict=True):
-            stream.watch = ChoiceWatch(reply.prefill_node, reply.prefill_epoch, now)
+            stream.watch = ChoiceWatch(reply.prefill_node, reply.prefill_epoch, now, now)
         while len(self._answered) < len(self.choices):
             if self._clock() >= self._first_deadline:
                 seconds = self._limits.first_token_timeout_s
@@ -157,7 +156,7 @@ class Run:
         if choice.finished:
             return []
         self._answered.add(index)
-        if stream.attempt:
+        if stream.offset > stream.base.sampling.output_offset:
             chunk.num_cached_tokens = 0  # usage reports what the first attempt found cached
         if self._stray(stream, chunk):
             return []
@@ -193,6 +192,7 @@ class Run:
             return True
         if chunk.index > stream.offset:
             watch.owner, watch.owner_epoch = node, chunk.epoch
+            watch.owner_since = self._clock()
         return False
 
     def _replayed(self, stream: ChoiceStream, reply: ReplayReply | None) -> list[tuple[int, Delta]]:
@@ -201,6 +201,7 @@ class Run:
         if reply is not None and reply.owner and not reply.token_ids:
             watch.replay_done()
             watch.owner, watch.owner_epoch = reply.owner, reply.owner_epoch
+            watch.owner_since = self._clock()
             return []
         ended = reply is not None and (reply.finish_reason or reply.error)
         if reply is None or not reply.known or not (reply.running or ended or reply.owner):
@@ -209,6 +210,7 @@ class Run:
         watch.replay_done()
         if reply.owner:
             watch.owner, watch.owner_epoch = reply.owner, reply.owner_epoch
+            watch.owner_since = self._clock()
         chunk = TokenChunk(
             request_id=stream.request_id,
             index=reply.index,
@@ -235,7 +237,12 @@ class Run:
 
     def _supervise(self) -> None:
         now, flight = self._clock(), self._flight
-        probe_all, flight.reconnected = flight.reconnected, False
+        # After the bus came back, every choice asks its node what it missed; not at once:
+        # the nodes reconnect too, and one asked before it subscribes again seems to be gone.
+        back = flight.reconnected_at
+        probe_all = back is not None and now - back >= REPROBE_DELAY_S
+        if probe_all:
+            flight.reconnected_at = None
         for stream in flight.streams:
             watch, choice = stream.watch, self.choices[stream.index]
             if watch is None or choice.finished or stream.busy:
@@ -244,7 +251,7 @@ class Run:
                 watch.asked_at = now
                 flight.replay(stream, watch.owner, choice.next_index)
                 continue
-            alive = self._alive(watch.owner, watch.owner_epoch)
+            alive = self._alive(watch.owner, watch.owner_epoch, watch.owner_since)
             self._act(stream, watch.decide(now, alive, choice.has_gap, self._limits.recovery))
 
     def _act(self, stream: ChoiceStream, act: Act) -> None:
@@ -260,60 +267,3 @@ class Run:
 
     def close(self) -> None:
         self._flight.close()
-
-
-class Completions:
-    """Starts runs: the core behind both generation endpoints.
-
-    Owns the dispatcher, the tokenizer used for output, the limits, and the cap on sequences
-    in flight (over it, a request is refused at once with 429).
-    """
-
-    def __init__(
-        self,
-        dispatcher: Dispatcher,
-        tokenizer: Tokenizer,
-        limits: Limits,
-        max_in_flight: int = 1024,
-    ) -> None:
-        self.dispatcher = dispatcher
-        self.tokenizer = tokenizer
-        self.limits = limits
-        self.max_in_flight = max_in_flight
-
-    async def start(self, request: PreparedRequest) -> Run:
-        """Submits the request and waits until it is accepted; the caller must ``close`` the
-        returned run. On failure everything already sent is aborted before the error rises."""
-        dispatcher = self.dispatcher
-        if len(dispatcher.in_flight) + len(request.choices) > self.max_in_flight:
-            raise errors.rate_limited("The gateway has too many requests in flight.", 1.0)
-        if not dispatcher.connected:
-            raise errors.unavailable("The gateway is not connected to the message bus.")
-        retry_after = dispatcher.overloaded()
-        if retry_after is not None:
-            raise errors.rate_limited(
-                "The servers are overloaded: no request can meet the time-to-first-token "
-                "objective now; retry later.",
-                retry_after,
-            )
-        # Nodes ask this gateway whether it still waits, and stop at the deadline anyway.
-        deadline = time.time() + self.limits.request_timeout_s
-        requests = [
-            msgspec.structs.replace(
-                c.request, gateway_id=dispatcher.gateway_id, deadline_ts=deadline
-            )
-            for c in request.choices
-        ]
-        flight = Flight.of(dispatcher, requests)
-        liveness = dispatcher.liveness
-
-        def alive(node: str, epoch: str) -> bool:
-            return liveness.alive(node, dispatcher.clock(), epoch)
-
-        run = Run(request, flight, self.tokenizer, self.limits, alive, dispatcher.clock)
-        try:
-            await run.accept()
-        except BaseException:
-            run.close()
-            raise
-        return run

@@ -42,3 +42,16 @@ def test_serving_lists_live_peers_that_take_work() -> None:
     assert view.serving("prefill", 2.0) == ["p0"] and view.serving("decode", 5.0) == []
     view.forget_old(40.0)
     assert view.peers == {}
+
+
+def test_an_epoch_not_heard_yet_is_given_a_timeout_and_a_restart_is_death() -> None:
+    view = Liveness(timeout_s=3.0)
+    view.beat("p0", "prefill", "old", now=10.0)
+    # The scheduler heard p0's new epoch first and placed a request there at 10.5.
+    assert view.alive("p0", 11.0, "new", since=10.5)
+    assert not view.alive("p0", 14.0, "new", since=10.5)  # and it never spoke in it
+    view.beat("p0", "prefill", "new", now=11.0)
+    assert view.alive("p0", 11.5, "new", since=10.5)
+    # A request owned in "new" since 12, and then p0 restarts once more: it is gone.
+    view.beat("p0", "prefill", "newer", now=13.0)
+    assert not view.alive("p0", 13.5, "new", since=12.0)

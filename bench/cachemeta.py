@@ -77,7 +77,7 @@ class Workload:
         for c in range(num_convs):
             root = self.roots[self.root_of[c]]
             self.chains.append(root + self._hashes(root[-1], ("conv", c), own))
-        holders = [(f"node-{n:02d}", tier) for n in range(args.nodes) for tier in ("dram", "disk")]
+        holders = [(f"node-{n:02d}", tier) for n in range(args.nodes) for tier in ("dram", "nvme")]
         self.held: dict[tuple[str, str], list[int]] = {h: [] for h in holders}
         for c in range(num_convs):
             for holder in self.rng.sample(holders, self.rng.choice((1, 2, 2, 3))):

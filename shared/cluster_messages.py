@@ -11,6 +11,7 @@ import msgspec
 from msgspec import Meta
 
 from shared.messages import (
+    CachedByTier,
     Count,
     GenerateRequest,
     HttpStatus,
@@ -26,8 +27,11 @@ from shared.messages import (
 )
 
 MAX_BLOCKS = 1 << 16
+Tier = Annotated[str, Meta(pattern=r"^(dram|nvme|s3)$")]
+Hash = Annotated[bytes, Meta(min_length=16, max_length=16)]
 BlockId = Annotated[int, Meta(ge=0, lt=1 << 40)]
 Checksum = Annotated[int, Meta(ge=0)]  # a uint64: msgspec bounds stop at int64
+ByteCount = Annotated[int, Meta(ge=0, le=1 << 62)]
 Rate = Annotated[float, Meta(ge=0.0, le=1e15)]
 Address = Annotated[bytes, Meta(max_length=16384)]
 
@@ -45,11 +49,13 @@ class TaskAck(WireMessage, kw_only=True):
 
 
 class PullPlan(msgspec.Struct, kw_only=True):
-    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` are cached on ``node_id``."""
+    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` are cached on ``node_id``,
+    in ``tier`` (``dram`` for a node's pool; ``nvme`` or ``s3`` for a tierd)."""
 
     node_id: Id
     first_block: Annotated[int, Meta(ge=0, le=MAX_BLOCKS)]
     num_blocks: Annotated[int, Meta(ge=1, le=MAX_BLOCKS)]
+    tier: Tier = "dram"
 
 
 class PrefillTask(WireMessage, kw_only=True):
@@ -68,20 +74,24 @@ class PrefillTask(WireMessage, kw_only=True):
 
 class PinRequest(WireMessage, kw_only=True):
     """puller -> a node caching blocks: hold these cached blocks (a chain, first block
-    first) until I have pulled them."""
+    first) until I have pulled them. A tierd reads them up from ``tier`` into memory first."""
 
     block_hashes: Annotated[list[Annotated[bytes, Meta(max_length=64)]], Meta(max_length=8192)]
+    tier: Tier = "dram"
 
 
 class PinReply(WireMessage, kw_only=True):
     """The leading blocks of a ``PinRequest`` the peer still had, held under ``lease_id`` (a
-    random token) until a ``LeaseRelease`` or the lease's expiry. Empty ``block_ids``: none."""
+    random token) until a ``LeaseRelease`` or the lease's expiry. Empty ``block_ids``: none.
+    ``block_tiers`` (a tierd's reply) names the tier each block was read from; a pool's
+    reply leaves it empty (all ``dram``)."""
 
     lease_id: Annotated[str, Meta(max_length=128)]
     block_ids: Annotated[list[BlockId], Meta(max_length=8192)]
     block_checksums: Annotated[list[Checksum], Meta(max_length=8192)]
     transfer_kind: ShortText
     transfer_address: Address
+    block_tiers: Annotated[list[Tier], Meta(max_length=8192)] = msgspec.field(default_factory=list)
 
 
 class KVHandoff(WireMessage, kw_only=True):
@@ -101,6 +111,7 @@ class KVHandoff(WireMessage, kw_only=True):
     block_ids: Annotated[list[BlockId], Meta(max_length=MAX_BLOCKS)]
     block_checksums: Annotated[list[Checksum], Meta(max_length=MAX_BLOCKS)]
     num_cached_tokens: Count = 0
+    cached_by_tier: CachedByTier = msgspec.field(default_factory=dict)
     first_logprob: TokenLogprob | None = None
 
 
@@ -137,13 +148,16 @@ class NodeStatus(WireMessage, kw_only=True):
     ``ttft_floor_s`` and ``ttft_slo_s`` (schedulers): the shortest time to first token any
     request could get now (a one-token prompt, cached, on the best node) and the objective;
     while the floor is over the objective, a gateway refuses new requests itself.
+    ``host_id`` names the machine a service runs on (a tierd serves the nodes of its host);
+    ``unsunk_blocks`` (nodes): cached blocks no lower tier holds yet; ``tiers`` (a tierd):
+    capacity and use per tier, and ``read_bandwidth`` its measured bytes/s per tier.
     ``ttft_samples`` (prefill nodes): ``[predicted, actual]`` seconds from a task's arrival to
     its first token, for the tasks that got one since the last beat: how far the scheduler's
     predictions are off on this node.
     """
 
     node_id: Id
-    role: Annotated[str, Meta(pattern=r"^(gateway|scheduler|prefill|decode)$")]
+    role: Annotated[str, Meta(pattern=r"^(gateway|scheduler|prefill|decode|tierd)$")]
     epoch: OptionalId = ""
     healthy: bool = True
     transfer_kind: ShortText = ""
@@ -171,6 +185,14 @@ class NodeStatus(WireMessage, kw_only=True):
     fetch_bandwidth: Annotated[dict[Id, Rate], Meta(max_length=1024)] = msgspec.field(
         default_factory=dict
     )
+    host_id: OptionalId = ""
+    unsunk_blocks: Annotated[int, Meta(ge=0, le=1 << 32)] = 0
+    tiers: Annotated[dict[Tier, tuple[ByteCount, ByteCount]], Meta(max_length=3)] = msgspec.field(
+        default_factory=dict
+    )
+    read_bandwidth: Annotated[dict[Tier, Rate], Meta(max_length=3)] = msgspec.field(
+        default_factory=dict
+    )
     ttft_floor_s: Seconds = 0.0
     ttft_slo_s: Seconds = 0.0
     ttft_samples: Annotated[list[tuple[Seconds, Seconds]], Meta(max_length=64)] = msgspec.field(
@@ -180,3 +202,62 @@ class NodeStatus(WireMessage, kw_only=True):
         list[tuple[Annotated[int, Meta(ge=0, le=1 << 24)], Annotated[int, Meta(ge=0, le=1 << 32)]]],
         Meta(max_length=256),
     ] = msgspec.field(default_factory=list)
+
+
+class SinkRequest(WireMessage, kw_only=True):
+    """tierd -> a node on its host: offer up to ``max_blocks`` of your coldest cached blocks
+    that no lower tier holds yet. A new ``epoch`` (tierd restarted) means what the node was
+    told is sunk may be gone, so it offers everything again (tierd skips what it holds)."""
+
+    max_blocks: Annotated[int, Meta(ge=1, le=4096)]
+    epoch: OptionalId = ""
+
+
+class SinkBlock(msgspec.Struct, kw_only=True, array_like=True):
+    """One offered block: what its file header and catalogue row record. ``quota_key``
+    names the tenant whose quota the block counts against (a keyed hash, never the tenant)."""
+
+    block_id: BlockId
+    block_hash: Hash
+    parent_hash: Hash
+    token_ids: Annotated[list[TokenId], Meta(max_length=1024)]
+    checksum: Checksum
+    quota_key: Annotated[bytes, Meta(max_length=16)] = b""
+
+
+class SinkOffer(WireMessage, kw_only=True):
+    """The node's answer: ``blocks`` held under ``lease_id`` until a ``SinkDone`` (or the
+    lease's expiry), pullable from ``transfer_address``. Empty: nothing to sink."""
+
+    lease_id: Annotated[str, Meta(max_length=128)] = ""
+    blocks: Annotated[list[SinkBlock], Meta(max_length=4096)] = msgspec.field(default_factory=list)
+    transfer_kind: ShortText = ""
+    transfer_address: Address = b""
+    model_id: ShortText = ""
+    kv_dtype: Annotated[str, Meta(max_length=32)] = ""
+    block_size: Annotated[int, Meta(ge=1, le=1024)] = 32
+    block_bytes: Annotated[int, Meta(ge=0, le=1 << 32)] = 0
+
+
+class SinkDone(WireMessage, kw_only=True):
+    """tierd -> node: the lease of a ``SinkOffer`` ends; ``sunk`` are the blocks now held
+    below DRAM (and registered there), which the node need not offer again."""
+
+    lease_id: Annotated[str, Meta(max_length=128)]
+    sunk: Annotated[list[Hash], Meta(max_length=4096)] = msgspec.field(default_factory=list)
+
+
+class PrefetchRequest(WireMessage, kw_only=True):
+    """scheduler -> tierd: a request waits for these blocks (a chain, first first) held in a
+    lower tier; bring them up to ``to_tier`` meanwhile."""
+
+    block_hashes: Annotated[list[Hash], Meta(max_length=8192)]
+    to_tier: Tier = "nvme"
+
+
+class CorruptBlocks(WireMessage, kw_only=True):
+    """A node that read these blocks from tierd's files itself found them damaged. tierd checks
+    each again before it drops anything, so a forged report costs a read, never a block."""
+
+    block_hashes: Annotated[list[Hash], Meta(max_length=8192)]
+    tier: Tier = "nvme"

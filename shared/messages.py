@@ -23,6 +23,10 @@ WIRE_VERSION = 2
 Id = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_\-]{1,160}$")]
 OptionalId = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_\-]{0,160}$")]
 Count = Annotated[int, Meta(ge=0, le=1 << 40)]
+#: Cached prompt tokens split by the tier they were found in (``dram``, ``nvme``, ``s3``).
+CachedByTier = Annotated[
+    dict[Annotated[str, Meta(pattern=r"^(dram|nvme|s3)$")], Count], Meta(max_length=3)
+]
 TokenId = Annotated[int, Meta(ge=0, lt=1 << 31)]
 Seconds = Annotated[float, Meta(ge=0.0, le=1e7)]
 Timestamp = Annotated[float, Meta(ge=0.0, le=1e11)]
@@ -134,7 +138,8 @@ class TokenChunk(WireMessage, kw_only=True):
     503: no node can serve it) and ``retry_after_s`` tells a rejected client when to try again.
     ``node_id``/``epoch`` name the producer. A chunk with ``owner`` set (and no tokens) says
     that node serves the request from now on; one with ``migrate`` says the producer gives the
-    request up, and it should be resumed from ``index``.
+    request up, and it should be resumed from ``index``. ``cached_by_tier`` splits
+    ``num_cached_tokens`` by where the blocks came from (``dram``, ``nvme``, ``s3``).
     """
 
     request_id: Id
@@ -152,6 +157,7 @@ class TokenChunk(WireMessage, kw_only=True):
     owner: OptionalId = ""
     owner_epoch: OptionalId = ""
     migrate: bool = False
+    cached_by_tier: CachedByTier = msgspec.field(default_factory=dict)
 
 
 class AbortRequest(WireMessage, kw_only=True):
@@ -185,6 +191,7 @@ class ReplayReply(WireMessage, kw_only=True):
     logprobs: list[TokenLogprob] | None = None
     finish_reason: Annotated[str, Meta(max_length=32)] | None = None
     num_cached_tokens: Count = 0
+    cached_by_tier: CachedByTier = msgspec.field(default_factory=dict)
     error: Text | None = None
     error_code: HttpStatus | None = None
     owner: OptionalId = ""

@@ -9,6 +9,8 @@ gateway end in its id, which lets NATS permissions confine each role to its own 
 
 from __future__ import annotations
 
+import socket
+
 PREFIX = "crescent"
 
 #: gateway -> scheduler (request/reply, queue group ``SCHEDULER_QUEUE``): a GenerateRequest;
@@ -27,7 +29,7 @@ HEARTBEATS_ALL = f"{HEARTBEATS}.>"
 #: advisory, imported into the deployment's account under this name where configured).
 DISCONNECTS = f"{PREFIX}.events.disconnect"
 
-ROLES = ("gateway", "scheduler", "prefill", "decode")
+ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
 
 def heartbeats(role: str, node_id: str) -> str:
@@ -55,6 +57,27 @@ def peer_pins(node_id: str) -> str:
     return f"{PREFIX}.pins.{node_id}"
 
 
+def sinks(node_id: str) -> str:
+    """tierd -> a node on its host (request/reply): offer me your coldest cached blocks that
+    no lower tier holds yet (a SinkRequest, answered by a SinkOffer)."""
+    return f"{PREFIX}.sink.{node_id}"
+
+
+def sunk(node_id: str) -> str:
+    """tierd -> the node that offered blocks: these are written below DRAM now (SinkDone)."""
+    return f"{PREFIX}.sunk.{node_id}"
+
+
+def prefetches(tierd_id: str) -> str:
+    """scheduler -> a tierd: bring these blocks up a tier while their request waits."""
+    return f"{PREFIX}.prefetch.{tierd_id}"
+
+
+def corrupt_reports(tierd_id: str) -> str:
+    """node -> a tierd: blocks read from its files directly did not verify (CorruptBlocks)."""
+    return f"{PREFIX}.corrupt.{tierd_id}"
+
+
 def replays(node_id: str) -> str:
     """gateway -> the node serving a request (request/reply): its output from a position on,
     to fill a gap in the stream or to learn whether the node still has the request."""
@@ -70,6 +93,13 @@ def gateway_checks(gateway_id: str) -> str:
     """node -> the gateway a request came from (request/reply): which of these ids do you still
     wait for? No responder means the gateway is gone, and so are its clients."""
     return f"{PREFIX}.gateway.{gateway_id}.check"
+
+
+def host_id(configured: str = "") -> str:
+    """The name of the machine a service runs on, as heartbeats carry it: ``configured``
+    (``CRESCENT_HOST_ID``) or the hostname, with characters a subject cannot hold replaced."""
+    name = configured or socket.gethostname() or "localhost"
+    return check_token("".join("-" if c in ".*> \t\r\n" else c for c in name), "host id")
 
 
 def check_token(value: str, what: str) -> str:

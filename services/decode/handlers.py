@@ -38,7 +38,6 @@ class DecodeRole:
     def __init__(self, node: NodeRuntime) -> None:
         self.node = node
         self.waiting: deque[KVHandoff] = deque()
-        self.cached_tokens: dict[str, int] = {}
         self._work = Background()
         self._admitting = asyncio.Lock()
 
@@ -62,7 +61,7 @@ class DecodeRole:
             rid, [handoff.first_token], [handoff.first_logprob] if handoff.first_logprob else None
         )
         holding.num_cached_tokens = handoff.num_cached_tokens
-        self.cached_tokens[rid] = handoff.num_cached_tokens
+        holding.cached_by_tier = dict(handoff.cached_by_tier)
         self.waiting.append(handoff)
         self._work.spawn(self.admit_waiting())
         return self.node.ack(True)
@@ -143,13 +142,12 @@ class DecodeRole:
             if holding is None:
                 continue  # handed back or aborted meanwhile
             if out.error is not None:
-                self.cached_tokens.pop(rid, None)
                 await node.fail(rid, out.error, 500)
                 continue
-            chunk = output_chunk(out, holding.output_offset, self.cached_tokens.get(rid, 0))
+            chunk = output_chunk(out, holding.output_offset, holding.num_cached_tokens)
+            chunk.cached_by_tier = holding.cached_by_tier
             node.ledger.record(rid, chunk.token_ids, chunk.logprobs)
             if out.finished:
-                self.cached_tokens.pop(rid, None)
                 node.ledger.finish(rid, time.monotonic(), reason=chunk.finish_reason)
             await node.send(chunk)
         if any(out.finished for out in outputs) and self.waiting:
@@ -160,7 +158,6 @@ class DecodeRole:
             if handoff.request.request_id == request_id:
                 self.waiting.remove(handoff)
                 await self._release(handoff)
-        self.cached_tokens.pop(request_id, None)
 
     async def drain(self, deadline: float) -> None:
         """Hands every request back to its gateway at the position it reached (the gateway

@@ -158,7 +158,9 @@ class Dispatcher:
 
     async def _on_reconnect(self) -> None:
         self.liveness.reconnected(self.clock())
-        for listener in set(self.in_flight.values()):
+        # One flight listens under each of its attempts' ids; tell it once (by identity:
+        # flights compare by value and are not hashable).
+        for listener in {id(f): f for f in self.in_flight.values()}.values():
             listener.bus_reconnected()
 
     async def subscribe_tokens(

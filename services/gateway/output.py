@@ -64,6 +64,7 @@ class ChoiceAssembler:
         self.finish_reason: str | None = None
         self.num_prompt_tokens = len(prompt_ids)
         self.num_cached_tokens = 0
+        self.cached_by_tier: dict[str, int] = {}
 
     @property
     def finished(self) -> bool:
@@ -85,6 +86,10 @@ class ChoiceAssembler:
         delta = Delta()
         if self.finished:
             return delta
+        if chunk.num_cached_tokens > self.num_cached_tokens or (
+            chunk.cached_by_tier and not self.cached_by_tier
+        ):
+            self.cached_by_tier = dict(chunk.cached_by_tier)
         self.num_cached_tokens = max(self.num_cached_tokens, chunk.num_cached_tokens)
         self._buffer(chunk)
         while not self.finished and self.next_index in self._pending:

@@ -17,22 +17,45 @@ from shared.model.tokenizer import Tokenizer
 LOGPROB_FLOOR = -9999.0
 
 
+#: The tiers ``cached_tokens_by_tier`` always names, fastest first.
+TIERS = ("dram", "nvme", "s3")
+
+
 def usage(request: PreparedRequest, choices: Sequence[ChoiceAssembler]) -> dict[str, Any]:
-    """Prompt tokens count once per prompt (not per choice), as OpenAI counts them."""
+    """Prompt tokens count once per prompt (not per choice), as OpenAI counts them.
+
+    ``cached_tokens_by_tier`` (a Crescent extension beside OpenAI's ``cached_tokens``) says
+    where the cached tokens were found: a pool, NVMe or S3; its values add up to
+    ``cached_tokens``.
+    """
     prompt_tokens = sum(len(p) for p in request.prompts)
     cached = 0
+    by_tier = dict.fromkeys(TIERS, 0)
     seen: set[int] = set()
     for spec, choice in zip(request.choices, choices, strict=True):
         if spec.prompt_index not in seen:
             seen.add(spec.prompt_index)
-            cached += min(choice.num_cached_tokens, len(request.prompts[spec.prompt_index]))
+            tokens = min(choice.num_cached_tokens, len(request.prompts[spec.prompt_index]))
+            cached += tokens
+            _split(tokens, choice.cached_by_tier, by_tier)
     completion_tokens = sum(c.completion_tokens for c in choices)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": cached, "cached_tokens_by_tier": by_tier},
     }
+
+
+def _split(tokens: int, reported: dict[str, int], into: dict[str, int]) -> None:
+    """Adds ``tokens`` to ``into`` as the node split them; what it did not place (an older
+    node, a clipped count) counts as DRAM, so the split always adds up."""
+    left = tokens
+    for tier in ("s3", "nvme"):
+        share = min(left, max(reported.get(tier, 0), 0))
+        into[tier] += share
+        left -= share
+    into["dram"] += left
 
 
 def _value(logprob: float) -> float:

@@ -158,6 +158,7 @@ class Run:
         self._answered.add(index)
         if stream.offset > stream.base.sampling.output_offset:
             chunk.num_cached_tokens = 0  # usage reports what the first attempt found cached
+            chunk.cached_by_tier = {}
         if self._stray(stream, chunk):
             return []
         before = choice.next_index
@@ -218,6 +219,7 @@ class Run:
             logprobs=reply.logprobs,
             finish_reason=reply.finish_reason,
             num_cached_tokens=reply.num_cached_tokens,
+            cached_by_tier=reply.cached_by_tier,
             error=reply.error,
             error_code=reply.error_code,
         )

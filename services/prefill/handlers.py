@@ -43,6 +43,7 @@ class PrefillRole:
         self.fetcher = fetcher
         self.tasks: dict[str, PrefillTask] = {}
         self.arrived: dict[str, float] = {}
+        self.fetched: dict[str, FetchedPrefix] = {}  # what each task pulled, until its token
         # (predicted, actual) seconds from arrival to first token, for the scheduler.
         self.ttft_samples: deque[tuple[float, float]] = deque(maxlen=64)
         self._work = Background()
@@ -79,14 +80,14 @@ class PrefillRole:
         if rid not in self.tasks:  # aborted while its blocks were pulled
             await node.host.cache_imports(fetched.imports)
             return
+        self.fetched[rid] = fetched
         first_only = dataclasses.replace(params, max_tokens=1)
         try:
             await node.host.add(
                 rid, prompt, first_only, salt, hold_blocks=True, imports=fetched.imports
             )
         except InvalidRequestError as exc:
-            self.tasks.pop(rid, None)
-            self.arrived.pop(rid, None)
+            await self.on_abort(rid)
             await node.fail(rid, str(exc), 400)
             return
         holding = node.ledger.active(rid)
@@ -97,6 +98,7 @@ class PrefillRole:
         for out in outputs:
             task = self.tasks.pop(out.request_id, None)
             arrived = self.arrived.pop(out.request_id, None)
+            fetched = self.fetched.pop(out.request_id, None) or FetchedPrefix()
             if task is None:
                 continue
             if out.error is not None:
@@ -104,18 +106,23 @@ class PrefillRole:
                 continue
             if arrived is not None and task.predicted_ttft_s > 0:
                 self.ttft_samples.append((task.predicted_ttft_s, time.monotonic() - arrived))
-            await self._first_token(task, out)
+            await self._first_token(task, out, fetched)
 
-    async def _first_token(self, task: PrefillTask, out: RequestOutput) -> None:
+    async def _first_token(
+        self, task: PrefillTask, out: RequestOutput, fetched: FetchedPrefix
+    ) -> None:
         node, req = self.node, task.request
         rid = req.request_id
         done = out.finish_reason is FinishReason.STOP or req.sampling.max_tokens == 1
         chunk = output_chunk(out, req.sampling.output_offset, out.num_cached_tokens)
+        block_size = node.engine.config.block_size
+        chunk.cached_by_tier = fetched.tokens_by_tier(out.num_cached_tokens, block_size)
         chunk.finish_reason = (chunk.finish_reason or FinishReason.LENGTH.value) if done else None
         node.ledger.record(rid, chunk.token_ids, chunk.logprobs)
         holding = node.ledger.active(rid)
         if holding is not None:
             holding.num_cached_tokens = out.num_cached_tokens
+            holding.cached_by_tier = chunk.cached_by_tier
         await node.send(chunk)
         if done:
             node.ledger.finish(rid, time.monotonic(), reason=chunk.finish_reason)
@@ -137,6 +144,7 @@ class PrefillRole:
             block_ids=block_ids,
             block_checksums=checksums,
             num_cached_tokens=out.num_cached_tokens,
+            cached_by_tier=chunk.cached_by_tier,
             first_logprob=chunk.logprobs[0] if chunk.logprobs else None,
         )
         await self._hand_off(task, handoff, lease)
@@ -200,6 +208,7 @@ class PrefillRole:
     async def on_abort(self, request_id: str) -> None:
         self.tasks.pop(request_id, None)
         self.arrived.pop(request_id, None)
+        self.fetched.pop(request_id, None)
 
     async def drain(self, deadline: float) -> None:
         """Lets prefills in progress finish for a while, hands the rest back to their

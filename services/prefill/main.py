@@ -36,7 +36,8 @@ class PrefillService:
         log.info("prefill node %s serving (transfer %s)", node.node_id, self.settings.transfer)
 
     def _make_role(self, node: NodeRuntime) -> PrefillRole:
-        self.role = PrefillRole(node, PrefixFetcher(node.bus, node.host, node.puller))
+        fetcher = PrefixFetcher(node.bus, node.host, node.puller, direct=node.direct)
+        self.role = PrefillRole(node, fetcher)
         return self.role
 
     async def stop(self) -> None:

@@ -10,15 +10,20 @@ from dataclasses import dataclass, field
 from services.scheduler.calibration import TtftCalibration
 from services.scheduler.inflight import Arrivals, InFlight
 from services.scheduler.timing import StepTimes
+from shared.kv.tiers import LOWER_TIER_SUFFIXES, NVME, S3, bandwidth_key
 
-#: The roles that hold KV blocks.
+#: The roles that hold KV blocks in their pools.
 _SERVING = ("prefill", "decode")
+#: The role that holds KV blocks below DRAM (NVMe files, S3): a source, never a target.
+TIERD = "tierd"
 
 
 @dataclass(slots=True)
 class NodeLoad:
     """A node as its last heartbeat described it, plus the prompt tokens placed on it since.
 
+    ``host_id`` names the machine it runs on. ``tiers`` (a tierd) maps a tier to its
+    ``(capacity, used)`` bytes and ``read_bandwidth`` to the bytes/s it measured reading it.
     ``finishing`` (decode nodes) holds ``(tokens it may still generate, tokens in its KV)`` of
     the running sequences nearest their end, fewest remaining first (``ClusterView.update``
     sorts it). ``healthy`` False (a stuck engine) or ``draining``: no new work, though the node
@@ -38,11 +43,15 @@ class NodeLoad:
     kv_dtype: str = ""
     block_bytes: int = 0  # bytes of one KV block; 0 when the node did not say
     max_num_batched_tokens: int = 0  # tokens per engine step; 0 when the node did not say
-    fetch_bandwidth: dict[str, float] = field(default_factory=dict)  # bytes/s by source node
+    # Bytes/s of pulls by source: a peer's id, or ``bandwidth_key(tierd, tier)``.
+    fetch_bandwidth: dict[str, float] = field(default_factory=dict)
     epoch: str = ""  # changes when the node's process restarts
     healthy: bool = True
     finishing: tuple[tuple[int, int], ...] = ()
     placed_tokens: int = 0  # tokens a prefill node must compute for requests placed since
+    host_id: str = ""  # "" when the node did not say
+    tiers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    read_bandwidth: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,12 +62,29 @@ class CostParams:
     ``default_fetch_bandwidth``: bytes/s of a pull when no node has measured any.
     ``default_block_bytes``: bytes of a block when its node does not report it (SmolLM2-135M,
     fp32, 32 tokens). ``pull_overhead_s``: fixed cost of a pull (pin round trip, setup).
+    ``nvme_read_bandwidth`` / ``s3_read_bandwidth``: bytes/s a tierd reads a tier at when it
+    has not measured it; ``nvme_latency_s`` / ``s3_latency_s``: what a read of that tier adds
+    to a pull before its first byte.
     """
 
     max_num_batched_tokens: int = 2048
     default_fetch_bandwidth: float = 1e9
     default_block_bytes: int = 32 * 46_080
     pull_overhead_s: float = 0.002
+    nvme_read_bandwidth: float = 1.5e9
+    s3_read_bandwidth: float = 2.5e8
+    nvme_latency_s: float = 0.001
+    s3_latency_s: float = 0.02
+
+    def tier_latency_s(self, tier: str) -> float:
+        """Seconds a read of ``tier`` adds to a pull (none for a pool in DRAM)."""
+        return {NVME: self.nvme_latency_s, S3: self.s3_latency_s}.get(tier, 0.0)
+
+    def tier_read_bandwidth(self, tier: str) -> float:
+        """Bytes/s a tierd is assumed to read ``tier`` at before it measured any."""
+        return {NVME: self.nvme_read_bandwidth, S3: self.s3_read_bandwidth}.get(
+            tier, self.default_fetch_bandwidth
+        )
 
 
 @dataclass(slots=True)
@@ -93,11 +119,11 @@ class ClusterView:
             self._unindex(self._arrivals[node.node_id].drop_until(node.last_seen))
 
     def _count_bandwidth(self, node: NodeLoad | None, sign: int) -> None:
-        """Keeps the sum and count of every measured bandwidth, so the cluster-wide mean
-        costs O(1) per placement instead of a scan of every node."""
+        """Keeps the sum and count of every bandwidth measured from a peer's pool, so the
+        cluster-wide mean costs O(1) per placement instead of a scan of every node."""
         if node is None:
             return
-        known = [bw for bw in node.fetch_bandwidth.values() if bw > 0]
+        known = _pool_bandwidths(node)
         total, count = self._bandwidth_sum
         self._bandwidth_sum = (total + sign * sum(known), count + sign * len(known))
 
@@ -113,9 +139,14 @@ class ClusterView:
         return [n for n in self.live(role, now) if n.healthy and not n.draining]
 
     def sources(self, now: float) -> list[NodeLoad]:
-        """Nodes whose DRAM blocks may be pulled: every alive prefill or decode node, draining
-        or unhealthy ones too (pins are served beside the engine's steps, not by them)."""
-        return [n for n in self.nodes.values() if n.role in _SERVING and self.alive(n, now)]
+        """Nodes whose blocks may be pulled: every alive prefill or decode node (its pool),
+        draining or unhealthy ones too (pins are served beside the engine's steps, not by
+        them), and every alive tierd (its NVMe and S3 tiers)."""
+        return [
+            n
+            for n in self.nodes.values()
+            if (n.role in _SERVING or n.role == TIERD) and self.alive(n, now)
+        ]
 
     def forget_dead(self, now: float) -> list[str]:
         """Drops nodes silent for ten timeouts, their samples and what was placed on them;
@@ -186,9 +217,37 @@ class ClusterView:
         return measured if measured > 0 else self.fallback_bandwidth(node)
 
     def fallback_bandwidth(self, node: NodeLoad) -> float:
-        """Bytes/s assumed for a source ``node`` has not measured."""
-        own = [bw for bw in node.fetch_bandwidth.values() if bw > 0]
+        """Bytes/s assumed for a peer's pool ``node`` has not measured, which is also what its
+        transfer layer is taken to carry: the mean of its pulls from pools, else of the
+        cluster's, else the default. Pulls from lower tiers are left out (a slow disk says
+        nothing of the network)."""
+        own = _pool_bandwidths(node)
         if own:
             return sum(own) / len(own)
         total, count = self._bandwidth_sum
         return total / count if count else self.costs.default_fetch_bandwidth
+
+    def tier_bandwidth(self, node: NodeLoad, tierd_id: str, tier: str, transfer: float) -> float:
+        """Bytes/s of ``node`` pulling from tierd ``tierd_id``'s ``tier`` (``nvme`` or ``s3``):
+        as ``node`` measured it; else the tierd's measured read of the tier (else the tier's
+        default) bounded by ``transfer``, ``node``'s transfer bandwidth, since the blocks cross
+        both. NVMe on ``node``'s own host is read directly: no transfer bound."""
+        measured = node.fetch_bandwidth.get(bandwidth_key(tierd_id, tier), 0.0)
+        if measured > 0:
+            return measured
+        tierd = self.nodes.get(tierd_id)
+        read = tierd.read_bandwidth.get(tier, 0.0) if tierd is not None else 0.0
+        if read <= 0:
+            read = self.costs.tier_read_bandwidth(tier)
+        if tier == NVME and tierd is not None and node.host_id and node.host_id == tierd.host_id:
+            return read
+        return min(read, transfer)
+
+
+def _pool_bandwidths(node: NodeLoad) -> list[float]:
+    """What ``node`` measured pulling from peers' pools (keys of lower tiers left out)."""
+    return [
+        bw
+        for key, bw in node.fetch_bandwidth.items()
+        if bw > 0 and not key.endswith(LOWER_TIER_SUFFIXES)
+    ]

@@ -73,6 +73,23 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
         default=32 * 46_080, ge=1, description="bytes of a KV block a node does not report"
     )
     pull_overhead_ms: float = Field(default=2.0, ge=0, description="fixed cost of one pull")
+    nvme_read_bandwidth: float = Field(
+        default=1.5e9, gt=0, description="bytes/s a tierd reads NVMe at before it measured any"
+    )
+    s3_read_bandwidth: float = Field(
+        default=2.5e8, gt=0, description="bytes/s a tierd reads S3 at before it measured any"
+    )
+    nvme_latency_ms: float = Field(
+        default=1.0, ge=0, description="what a read from a tierd's NVMe adds to a pull"
+    )
+    s3_latency_ms: float = Field(
+        default=20.0, ge=0, description="what a read from a tierd's S3 adds to a pull"
+    )
+    prefetch: bool = Field(
+        default=True,
+        description="ask a tierd to move a placement's S3 blocks to NVMe while the request "
+        "waits in its prefill node's queue, when the wait is long enough",
+    )
     step_prior_base_s: float = Field(default=DEFAULT_PRIOR.base_s, ge=0)
     step_prior_per_token_s: float = Field(default=DEFAULT_PRIOR.per_token_s, ge=0)
     step_prior_per_attention_s: float = Field(default=DEFAULT_PRIOR.per_attention_s, ge=0)
@@ -95,6 +112,10 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
             default_fetch_bandwidth=self.default_fetch_bandwidth,
             default_block_bytes=self.default_block_bytes,
             pull_overhead_s=self.pull_overhead_ms / 1000,
+            nvme_read_bandwidth=self.nvme_read_bandwidth,
+            s3_read_bandwidth=self.s3_read_bandwidth,
+            nvme_latency_s=self.nvme_latency_ms / 1000,
+            s3_latency_s=self.s3_latency_ms / 1000,
         )
 
     def step_times(self) -> StepTimes:

@@ -4,8 +4,8 @@ For a node the TTFT is queue wait + fetch time of the cached blocks it lacks + p
 the rest. ``prefill_costs`` prices every node that may take the request (the simulator and
 the SLO's Retry-After need them all); ``cheapest_prefill`` finds the same winner while pricing
 only the nodes that could still beat it, which is what keeps placement fast with many nodes.
-Blocks may be pulled from any node still alive, draining or unhealthy ones included. Pure: no
-I/O.
+Blocks may be pulled from any node still alive, draining or unhealthy ones included, and from
+any live tierd's NVMe or S3 tier (``sources.py`` prices each pull). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, NodeLoad
+from services.scheduler.sources import HolderGroup, holder_groups, options, pullable
 from services.scheduler.timing import StepCoefficients, prefill_seconds, queue_seconds
+from shared.kv.tiers import DRAM
 from shared.rpc.types import PrefixHolder
-
-#: Only blocks in a live node's DRAM pool (prefill or decode) can be pulled from it for now.
-PULLABLE_TIER = "dram"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,11 +31,13 @@ class PlacementRequest:
 
 @dataclass(frozen=True, slots=True)
 class Pull:
-    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` come from ``node_id``."""
+    """Prompt blocks ``first_block .. first_block + num_blocks - 1`` come from ``node_id``'s
+    ``tier``: a node's pool (``dram``) or a tierd's ``nvme`` or ``s3``."""
 
     node_id: str
     first_block: int
     num_blocks: int
+    tier: str = DRAM
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +62,6 @@ class PrefillCost:
     def rank(self) -> tuple[float, int, str]:
         """Lower is better: the TTFT, then the shorter queue, then the lower id."""
         return (self.ttft_s, self.queued_tokens, self.node_id)
-
-
-@dataclass(frozen=True, slots=True)
-class _HolderGroup:
-    """The source nodes holding exactly ``num_blocks`` usable leading blocks."""
-
-    num_blocks: int
-    node_ids: list[str]  # sorted
-    members: frozenset[str]
 
 
 class _Model:
@@ -115,8 +107,8 @@ class _Pricing:
         sources: Iterable[NodeLoad] = (),
     ) -> None:
         self.request, self.view = request, view
-        # Decode nodes serve pins too: they hold a chat's generated history.
-        self.cached = _pullable(holders, {n.node_id for n in sources})
+        # Decode nodes serve pins too (a chat's generated history), and tierds their tiers.
+        self.cached = pullable(holders, {n.node_id: n for n in sources})
         self.groups = _holder_groups(self.cached, request, prefills)
         self._models: dict[tuple[StepCoefficients, int, int], _Model] = {}
 
@@ -146,22 +138,24 @@ class _Pricing:
                 default=float("inf"),
             )
             model.fastest_held[limit] = held
-        local = min(self.cached.get(node.node_id, 0), limit)
+        local = self.local(node, limit)
         wait = model.wait_s(node.queued_tokens + node.placed_tokens)
         return wait + min(held, model.compute_s(local))
+
+    def local(self, node: NodeLoad, limit: int) -> int:
+        """Leading blocks of the prompt ``node``'s own pool holds (usable ones)."""
+        return min(self.cached.get((node.node_id, DRAM), 0), limit)
 
     def cost_on(self, node: NodeLoad, model: _Model | None = None) -> PrefillCost:
         """Computes what ``node`` lacks, or pulls it from the holder that makes this cheapest."""
         model = model or self.model(node)
-        bs, limit, view = node.block_size, self.limit(node), self.view
-        local = min(self.cached.get(node.node_id, 0), limit)
+        bs, limit = node.block_size, self.limit(node)
+        local = self.local(node, limit)
         best: tuple[float, float, int, tuple[Pull, ...]] = (model.compute_s(local), 0.0, local, ())
-        for remote, source, bandwidth in _sources(node, self.groups, limit, local, view):
-            missing_bytes = (remote - local) * view.block_bytes(node)
-            fetch = view.costs.pull_overhead_s + missing_bytes / bandwidth
+        for remote, source, tier, fetch in options(node, self.groups, limit, local, self.view):
             compute = model.compute_s(remote)
             if fetch + compute < best[0] + best[1]:
-                best = (compute, fetch, remote, (Pull(source, local, remote - local),))
+                best = (compute, fetch, remote, (Pull(source, local, remote - local, tier),))
         compute, fetch, blocks, pulls = best
         queued = node.queued_tokens + node.placed_tokens
         return PrefillCost(
@@ -237,52 +231,10 @@ def cost_without_cache(request: PlacementRequest, view: ClusterView, node: NodeL
 
 
 def _holder_groups(
-    cached: dict[str, int], request: PlacementRequest, prefills: Sequence[NodeLoad]
-) -> list[_HolderGroup]:
-    """Holders grouped by how many usable blocks they hold (computed once per placement, so
-    pricing every node stays linear in the number of nodes)."""
+    cached: dict[tuple[str, str], int], request: PlacementRequest, prefills: Sequence[NodeLoad]
+) -> list[HolderGroup]:
+    """The holders by usable length, for the prompt's blocks on the prefill nodes' block size."""
     if not cached or not prefills:
         return []
     limit = max(request.num_prompt_tokens - 1, 0) // prefills[0].block_size
-    by_count: dict[int, list[str]] = {}
-    for node_id, count in cached.items():
-        by_count.setdefault(min(count, limit), []).append(node_id)
-    return [
-        _HolderGroup(count, sorted(ids), frozenset(ids)) for count, ids in sorted(by_count.items())
-    ]
-
-
-def _pullable(holders: Iterable[PrefixHolder], sources: set[str]) -> dict[str, int]:
-    """Leading blocks each source node holds in its pool."""
-    cached: dict[str, int] = {}
-    for h in holders:
-        if h.tier == PULLABLE_TIER and h.node_id in sources and h.num_blocks > 0:
-            cached[h.node_id] = max(cached.get(h.node_id, 0), h.num_blocks)
-    return cached
-
-
-def _sources(
-    node: NodeLoad, groups: Sequence[_HolderGroup], limit: int, local: int, view: ClusterView
-) -> list[tuple[int, str, float]]:
-    """``(blocks, source, bandwidth)`` of the peers worth pulling from: for each number of
-    leading blocks beyond ``local``, only the holder with the fastest link to ``node`` (ties:
-    the lowest id), since every other holder of as many blocks costs at least as much."""
-    out: list[tuple[int, str, float]] = []
-    if not groups or groups[-1].num_blocks <= local:
-        return out
-    fallback = view.fallback_bandwidth(node)
-    me = node.node_id
-    measured = {s: bw for s, bw in node.fetch_bandwidth.items() if bw > 0 and s != me}
-    for group in groups:
-        remote = min(group.num_blocks, limit)
-        if remote <= local:
-            continue
-        # Unmeasured links all get the fallback: the lowest such id stands for them.
-        unmeasured = next((s for s in group.node_ids if s != me and s not in measured), None)
-        best = None if unmeasured is None else (-fallback, unmeasured)
-        for source, bandwidth in measured.items():
-            if source in group.members and (best is None or (-bandwidth, source) < best):
-                best = (-bandwidth, source)
-        if best is not None:
-            out.append((remote, best[1], -best[0]))
-    return out
+    return holder_groups(cached, limit)

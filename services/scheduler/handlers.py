@@ -1,5 +1,6 @@
 """Bus adapter of the scheduler: heartbeats and disconnect events in; requests in, placed on a
-prefill node that acknowledges them, and answered (``SubmitReply``) once one did."""
+prefill node that acknowledges them, and answered (``SubmitReply``) once one did; prefetches out
+to the tierds whose S3 blocks a placed request will pull."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import logging
 import time
 
 from services.scheduler.admission import AdmissionGate
-from services.scheduler.cluster import ClusterView, NodeLoad
+from services.scheduler.cluster import TIERD, ClusterView
 from services.scheduler.lookup import PrefixLookup, hash_scope, prompt_block_hashes
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.policy import (
@@ -18,9 +19,11 @@ from services.scheduler.policy import (
     place_round_robin,
     record_placement,
 )
+from services.scheduler.prefetch import Prefetch, plan_prefetches
+from services.scheduler.wire import node_load, prefetch_requests, prefill_task
 from shared import subjects
 from shared.bus import Bus, BusRequestError, NoResponders
-from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan, TaskAck
+from shared.cluster_messages import NodeStatus, TaskAck
 from shared.kv.hashing import BlockHash
 from shared.messages import AbortRequest, GenerateRequest, SubmitReply
 from shared.nats_events import disconnected_node
@@ -31,6 +34,9 @@ log = logging.getLogger(__name__)
 MAX_TRIES = 3
 #: What a lookup may cost a request that only a cached prefix can let in (``_lookup_budget``).
 OVERLOAD_LOOKUP_S = 0.01
+#: The roles whose heartbeats the view takes: prefill and decode nodes take work and serve
+#: pulls from their pools; a tierd only serves pulls from its tiers.
+VIEWED_ROLES = ("prefill", "decode", TIERD)
 
 
 class SchedulerHandlers:
@@ -40,7 +46,10 @@ class SchedulerHandlers:
     Invariants: a placement is recorded in the view in the same event-loop step that computes
     it (nothing is awaited in between), so requests placed concurrently each see the ones
     before; a request is answered accepted only after a prefill node acknowledged it, and a
-    node that refused or did not answer is never tried twice for it.
+    node that refused or did not answer is never tried twice for it. A tierd is in the view as
+    a source of pulls only (placement takes only prefill and decode nodes as targets). A
+    prefetch is a hint: it goes out before the task (so the move overlaps the queue wait), at
+    most once per request, and its failure never fails the request.
     """
 
     def __init__(
@@ -57,6 +66,7 @@ class SchedulerHandlers:
         tbt_slo_s: float | None = None,
         ack_timeout_s: float = 1.0,
         round_robin: bool = False,
+        prefetch: bool = True,
     ) -> None:
         self.bus = bus
         self.view = view
@@ -69,20 +79,22 @@ class SchedulerHandlers:
         self.tbt_slo_s = tbt_slo_s
         self.ack_timeout_s = ack_timeout_s
         self.round_robin = round_robin
+        self.prefetch = prefetch
         self._turn = 0
         self._warned_secret: set[str] = set()
 
     async def on_heartbeat(self, subject: str, status: NodeStatus) -> None:
-        if status.role not in ("prefill", "decode"):
+        if status.role not in VIEWED_ROLES:
             return
         if subject != subjects.heartbeats(status.role, status.node_id):
             log.warning("dropped a heartbeat of %s sent on %s", status.node_id, subject)
             return
         self._check_secret(status)
         now = time.monotonic()
-        self.view.update(_node_load(status, now))
-        self.view.timing.add(status.node_id, status.role, status.step_samples)
-        self.view.calibration.add(status.node_id, status.ttft_samples)
+        self.view.update(node_load(status, now))
+        if status.role != TIERD:  # a tierd runs no engine: no steps to time, no TTFTs
+            self.view.timing.add(status.node_id, status.role, status.step_samples)
+            self.view.calibration.add(status.node_id, status.ttft_samples)
         self.view.forget_dead(now)
 
     def _check_secret(self, status: NodeStatus) -> None:
@@ -134,11 +146,18 @@ class SchedulerHandlers:
             hashes = self._block_hashes(request)
             holders = await self.lookup.match(hashes, self._lookup_budget(ask, request.resume))
         avoid: set[str] = set()
+        prefetched: set[Prefetch] = set()
         for _ in range(MAX_TRIES):
             decision = self._decide(ask, holders, avoid, request.resume)
             if isinstance(decision, Rejection):
                 return self._refuse(request, decision)
             record_placement(self.view, decision, ask)
+            log.debug(
+                "placing %s on %s: holders %s, pulls %s", rid, decision.prefill_node, holders,
+                decision.pulls,
+            )  # fmt: skip
+            if self.prefetch:
+                await self._prefetch(decision, hashes, prefetched)
             ack = await self._offer(decision, request)
             if ack is not None and ack.accepted:
                 self.metrics.placed(decision, ask)
@@ -220,10 +239,32 @@ class SchedulerHandlers:
             resumed=resumed,
         )  # fmt: skip
 
+    async def _prefetch(
+        self, placement: Placement, hashes: list[BlockHash], done: set[Prefetch]
+    ) -> None:
+        """Asks each tierd the placement pulls S3 blocks from to move them to NVMe while the
+        request waits in its prefill node's queue (``plan_prefetches`` decides which);
+        ``done`` holds what this request already asked for, and grows."""
+        try:
+            wanted = [p for p in plan_prefetches(placement, self.view, hashes) if p not in done]
+        except Exception:
+            log.exception("planning the prefetches of a placement failed")
+            return
+        for prefetch in wanted:
+            done.add(prefetch)
+            subject = subjects.prefetches(prefetch.tierd_id)
+            try:
+                for message in prefetch_requests(prefetch):
+                    await self.bus.publish(subject, message)
+            except Exception as exc:
+                log.warning("could not ask tierd %s for a prefetch: %s", prefetch.tierd_id, exc)
+                continue
+            self.metrics.prefetched(len(prefetch.block_hashes))
+
     async def _offer(self, placement: Placement, request: GenerateRequest) -> TaskAck | None:
         """Hands the task to the prefill node; None when it did not answer."""
         node = placement.prefill_node
-        task = _task(request, placement)
+        task = prefill_task(request, placement)
         try:
             return await self.bus.request(
                 subjects.prefill_tasks(node), task, TaskAck, self.ack_timeout_s
@@ -258,39 +299,5 @@ class SchedulerHandlers:
         )
 
 
-def _node_load(status: NodeStatus, now: float) -> NodeLoad:
-    return NodeLoad(
-        node_id=status.node_id,
-        role=status.role,
-        queued_tokens=status.queued_tokens,
-        running_seqs=status.running_seqs,
-        free_blocks=status.free_blocks,
-        total_blocks=status.total_blocks,
-        block_size=status.block_size,
-        last_seen=now,
-        draining=status.draining,
-        model_id=status.model_id,
-        kv_dtype=status.kv_dtype,
-        block_bytes=status.block_bytes,
-        max_num_batched_tokens=status.max_num_batched_tokens,
-        fetch_bandwidth=dict(status.fetch_bandwidth),
-        epoch=status.epoch,
-        healthy=status.healthy,
-        finishing=tuple((left, kv) for left, kv in status.finishing_seqs),
-    )
-
-
 def _matched(holders: list[PrefixHolder]) -> int:
     return max((h.num_blocks for h in holders), default=0)
-
-
-def _task(request: GenerateRequest, placement: Placement) -> PrefillTask:
-    return PrefillTask(
-        request=request,
-        decode_nodes=list(placement.decode_nodes),
-        pulls=[
-            PullPlan(node_id=p.node_id, first_block=p.first_block, num_blocks=p.num_blocks)
-            for p in placement.pulls
-        ],
-        predicted_ttft_s=placement.predicted_ttft_s,
-    )

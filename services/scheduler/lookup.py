@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.scheduler.cluster import NodeLoad
-from services.scheduler.costs import PULLABLE_TIER
+from services.scheduler.sources import PULLABLE_TIERS
 from shared.errors import CrescentError
 from shared.kv.hashing import BlockHash, hash_reusable_blocks, root_hash, scope_salt
 from shared.rpc.types import PrefixHolder
@@ -114,10 +114,10 @@ class PrefixLookup:
     async def match(
         self, block_hashes: Sequence[BlockHash], budget_s: float | None = None
     ) -> list[PrefixHolder]:
-        """The holders of the leading blocks in the tier placement can pull from, longest
-        first; ``[]`` when unknown. With ``budget_s``, an answer later than that is not
-        waited for (``[]``, reason ``budget``), though a slow cachemeta is not taken for a
-        failed one."""
+        """The holders of the leading blocks in every tier placement can pull from
+        (``PULLABLE_TIERS``: pools, NVMe, S3), longest first; ``[]`` when unknown. With
+        ``budget_s``, an answer later than that is not waited for (``[]``, reason
+        ``budget``), though a slow cachemeta is not taken for a failed one."""
         if budget_s is None or budget_s >= self.timeout_s:
             return await self._match(block_hashes)
         lookup = asyncio.ensure_future(self._match(block_hashes))
@@ -142,7 +142,7 @@ class PrefixLookup:
         try:
             async with asyncio.timeout(self.timeout_s + _GRACE_S):
                 holders = await self.index.match_prefix(
-                    block_hashes, tiers=(PULLABLE_TIER,), timeout_s=self.timeout_s
+                    block_hashes, tiers=PULLABLE_TIERS, timeout_s=self.timeout_s
                 )
         except TimeoutError:
             self._failed("timeout", f"no answer within {self.timeout_s * 1000:.0f} ms")

@@ -78,6 +78,7 @@ class SchedulerService:
             tbt_slo_s=s.tbt_slo_s,
             ack_timeout_s=s.ack_timeout_ms / 1000,
             round_robin=s.placement == "round_robin",
+            prefetch=s.prefetch,
         )
         if s.metrics_port is not None:
             self.ops = OpsServer(

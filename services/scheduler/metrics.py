@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from services.scheduler.cluster import ClusterView
+from services.scheduler.cluster import TIERD, ClusterView
 from services.scheduler.policy import Placement, PlacementRequest, Rejection
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
@@ -52,6 +52,11 @@ class SchedulerMetrics:
         self.pulled_blocks = Counter(
             "crescent_planned_pull_blocks", "blocks placements told nodes to pull", registry=r
         )
+        self.prefetched_blocks = Counter(
+            "crescent_prefetch_blocks",
+            "blocks tierds were asked to move from S3 to NVMe while their request waits",
+            registry=r,
+        )
         r.register(_LiveNodes(view))
 
     def placed(self, placement: Placement, request: PlacementRequest) -> None:
@@ -60,6 +65,9 @@ class SchedulerMetrics:
         self.prompt_tokens.inc(request.num_prompt_tokens)
         self.cached_tokens.inc(placement.num_cached_tokens)
         self.pulled_blocks.inc(sum(p.num_blocks for p in placement.pulls))
+
+    def prefetched(self, num_blocks: int) -> None:
+        self.prefetched_blocks.inc(num_blocks)
 
     def rejected(self, rejection: Rejection) -> None:
         self.rejections.labels(rejection.cause).inc()
@@ -79,6 +87,6 @@ class _LiveNodes(Collector):
             "crescent_live_nodes", "nodes with a recent heartbeat", labels=["role"]
         )
         now = time.monotonic()
-        for role in ("prefill", "decode"):
+        for role in ("prefill", "decode", TIERD):
             live.add_metric([role], len(self.view.live(role, now)))
         yield live

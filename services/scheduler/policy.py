@@ -56,7 +56,8 @@ MAX_DECODE_CANDIDATES = 3
 class Placement:
     """Where a request runs, what its prefill node pulls first, and what that should cost.
     ``decode_nodes`` are ranked, best first (at least one); ``placed_at`` is the ``now`` it was
-    computed for, so ``placed_at + predicted_ttft_s`` is when its prefill should end."""
+    computed for, so ``placed_at + predicted_ttft_s`` is when its prefill should end, and
+    ``placed_at + predicted_wait_s`` when its prefill node's queue reaches it."""
 
     prefill_node: str
     decode_nodes: list[str]
@@ -65,6 +66,7 @@ class Placement:
     num_cached_tokens: int = 0
     predicted_tbt_s: float = 0.0
     placed_at: float = 0.0
+    predicted_wait_s: float = 0.0
 
     @property
     def decode_node(self) -> str:
@@ -182,6 +184,7 @@ def _finish(
         num_cached_tokens=chosen.cached_tokens,
         predicted_tbt_s=ranked[0].tbt_s,
         placed_at=now,
+        predicted_wait_s=chosen.wait_s,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shared.kv.hashing import BlockHash, hash_reusable_blocks
+from shared.kv.hashing import BlockHash, hash_reusable_blocks, quota_key
 from shared.kv.pool import BlockPool, KVBlock
 
 
@@ -26,6 +26,7 @@ class CachedBlock:
     parent_hash: BlockHash
     token_ids: tuple[int, ...]
     checksum: int
+    quota_key: bytes = b""
 
 
 @dataclass(slots=True)
@@ -41,6 +42,8 @@ class PrefixImport:
     token_ids: list[list[int]]
     fresh: list[KVBlock]
     protected: list[KVBlock]
+    quota_key: bytes = b""
+    sunk: bool = False  # read up from a lower tier, which keeps its copy
 
 
 class CacheExchange:
@@ -113,6 +116,28 @@ class CacheExchange:
     def num_pins(self) -> int:
         return len(self._pins)
 
+    def offer_sink(
+        self, pin_id: str, max_blocks: int, skip: Callable[[BlockHash], bool]
+    ) -> list[CachedBlock]:
+        """Pins up to ``max_blocks`` of the coldest unreferenced cached blocks no lower tier
+        holds yet (``skip`` leaves out those already on their way down), for tierd to copy.
+
+        At most a quarter of the free blocks are pinned at once, so a sink never keeps the
+        pool from admitting a request; the pin lasts only as long as the copy.
+        """
+        limit = min(max_blocks, len(self.pool.free_queue) // 4)
+        chosen: list[KVBlock] = []
+        for block in self.pool.free_queue:  # head first: the next to be evicted
+            if len(chosen) >= limit:
+                break
+            if block.block_hash is not None and not block.sunk and not skip(block.block_hash):
+                chosen.append(block)
+        if not chosen:
+            return []
+        self.pool.touch(chosen)
+        self._pins[pin_id] = chosen
+        return [self._entry(b) for b in chosen]
+
     def begin_import(
         self,
         prompt: list[int],
@@ -144,6 +169,7 @@ class CacheExchange:
             token_ids=[prompt[i * bs : (i + 1) * bs] for i in indices],
             fresh=fresh,
             protected=protected,
+            quota_key=quota_key(cache_salt),
         )
 
     def finish_import(self, imp: PrefixImport, checksums: list[int]) -> int:
@@ -152,9 +178,9 @@ class CacheExchange:
         cached = 0
         for i, checksum in enumerate(checksums[: len(imp.fresh)]):
             block = imp.fresh[i]
-            args = (imp.block_hashes[i], imp.parent_hashes[i], imp.token_ids[i])
+            args = (imp.block_hashes[i], imp.parent_hashes[i], imp.token_ids[i], imp.quota_key)
             # False: the same block got cached here meanwhile; this copy goes back unused.
-            if self.pool.cache_block(block, *args):
+            if self.pool.cache_block(block, *args, sunk=imp.sunk):
                 block.checksum = checksum
                 cached += 1
         self.pool.free(imp.fresh)
@@ -166,5 +192,10 @@ class CacheExchange:
         if block.checksum is None:
             block.checksum = self._checksum(block.block_id)
         return CachedBlock(
-            block.block_id, block.block_hash, block.parent_hash, block.token_ids, block.checksum
+            block.block_id,
+            block.block_hash,
+            block.parent_hash,
+            block.token_ids,
+            block.checksum,
+            block.quota_key,
         )

@@ -21,7 +21,7 @@ from shared.engine.types import (
     StepTiming,
 )
 from shared.errors import InvalidRequestError, PromptTooLongError
-from shared.kv.hashing import BlockHash, block_checksum, root_hash
+from shared.kv.hashing import BlockHash, block_checksum, quota_key, root_hash
 from shared.kv.pool import BlockPool
 from shared.model.sampler import SampledToken
 from shared.sampling_params import SamplingParams
@@ -294,7 +294,9 @@ class LLMEngine:
                 f"request id {request_id!r} is already in flight", "request_id"
             )
         self._check_fits(prompt, params)
-        return Sequence(request_id, list(prompt), params, self._root(cache_salt))
+        seq = Sequence(request_id, list(prompt), params, self._root(cache_salt))
+        seq.quota_key = quota_key(cache_salt)
+        return seq
 
     def _check_fits(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:

@@ -72,7 +72,7 @@ class KVCacheManager:
                 # simply stays private and returns to the pool when the sequence ends.
                 parent = seq.block_hashes[i - 1] if i else seq.root_hash
                 tokens = seq.token_ids[i * bs : (i + 1) * bs]
-                self.pool.cache_block(block, seq.block_hashes[i], parent, tokens)
+                self.pool.cache_block(block, seq.block_hashes[i], parent, tokens, seq.quota_key)
         seq.num_published_blocks = num_full
 
     def free(self, seq: Sequence) -> None:

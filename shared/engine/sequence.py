@@ -51,6 +51,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     hold_blocks: bool = False  # keep the blocks referenced after finishing, until released
+    quota_key: bytes = b""  # the tenant scope its cached blocks count against below DRAM
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -158,3 +158,10 @@ def scope_salt(secret: bytes, tenant: str, cache_salt: str = "") -> bytes:
     """
     scope = hmac.new(secret, tenant.encode(), hashlib.sha256).digest()[:HASH_BYTES]
     return scope + b"/" + cache_salt.encode() if cache_salt else scope
+
+
+def quota_key(salt: bytes) -> bytes:
+    """The tenant scope a block counts against in the lower tiers' quotas: the keyed tenant
+    hash that leads every ``scope_salt`` (a client's own ``cache_salt`` splits the cache, not
+    the quota). Names no tenant, and no client can forge another's."""
+    return bytes(salt[:HASH_BYTES])

@@ -29,6 +29,10 @@ class KVBlock:
     parent_hash: BlockHash | None = None
     token_ids: tuple[int, ...] = ()
     checksum: int | None = None  # of its bytes; computed lazily, once, by whoever needs it
+    # The tenant scope whose lower-tier quota the block counts against (``quota_key``).
+    quota_key: bytes = b""
+    # A lower tier (tierd) holds a copy: evicting it here loses nothing.
+    sunk: bool = False
     # The links point at neighbours; keeping them out of repr avoids printing the whole queue.
     prev_free: KVBlock | None = field(default=None, repr=False)
     next_free: KVBlock | None = field(default=None, repr=False)
@@ -108,7 +112,8 @@ class BlockPool:
     stored/evicted events not yet drained.
 
     Invariants: a block is in the free queue iff ``ref_cnt == 0``; a block with a hash is in the
-    hash map under that hash; a hash maps to at most one block.
+    hash map under that hash; a hash maps to at most one block; ``num_unsunk`` counts the
+    cached blocks whose ``sunk`` is False.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -122,6 +127,7 @@ class BlockPool:
         # Dicts as ordered sets: a hash stored and evicted within one drain window nets out.
         self._stored: dict[BlockHash, None] = {}
         self._evicted: dict[BlockHash, None] = {}
+        self.num_unsunk = 0
 
     @property
     def num_free_blocks(self) -> int:
@@ -198,9 +204,13 @@ class BlockPool:
         block_hash: BlockHash,
         parent_hash: BlockHash | None = None,
         token_ids: Sequence[int] = (),
+        quota_key: bytes = b"",
+        *,
+        sunk: bool = False,
     ) -> bool:
         """Makes a full block reusable under ``block_hash`` (whose chain parent and tokens
-        are recorded for the catalogue).
+        are recorded for the catalogue, and the tenant scope it counts against below DRAM);
+        ``sunk`` says a lower tier already holds it (it was read up from there).
 
         Returns True if the block is now cached under that hash (newly or already), False if the
         hash already belongs to another block (this one stays uncached; the caller may keep using
@@ -220,6 +230,9 @@ class BlockPool:
         block.parent_hash = parent_hash
         block.token_ids = tuple(token_ids)
         block.checksum = None
+        block.quota_key = quota_key
+        block.sunk = sunk
+        self.num_unsunk += not sunk
         self._cached[block_hash] = block
         self._evicted.pop(block_hash, None)
         self._stored[block_hash] = None
@@ -233,10 +246,30 @@ class BlockPool:
         block.parent_hash = None
         block.token_ids = ()
         block.checksum = None
+        block.quota_key = b""
+        self.num_unsunk -= not block.sunk
+        block.sunk = False
         self._stored.pop(block_hash, None)
         # Re-inserting keeps the list in order of the latest eviction.
         self._evicted.pop(block_hash, None)
         self._evicted[block_hash] = None
+
+    def mark_sunk(self, block_hashes: Iterable[BlockHash]) -> int:
+        """Records that a lower tier holds these blocks; returns how many changed."""
+        marked = 0
+        for block_hash in block_hashes:
+            block = self._cached.get(block_hash)
+            if block is not None and not block.sunk:
+                block.sunk = True
+                marked += 1
+        self.num_unsunk -= marked
+        return marked
+
+    def forget_sunk(self) -> None:
+        """Every cached block counts as held nowhere else again (the lower tier was lost)."""
+        for block in self._cached.values():
+            block.sunk = False
+        self.num_unsunk = len(self._cached)
 
     def cached_blocks(self) -> list[KVBlock]:
         """Every block that carries a hash, referenced or not."""

@@ -37,6 +37,7 @@ class LoadSnapshot:
     stats: EngineStats
     timings: list[StepTiming]
     finishing: list[tuple[int, int]]
+    unsunk_blocks: int = 0
 
 
 class EngineHost:
@@ -46,12 +47,13 @@ class EngineHost:
 
     * **Changes** (``add``, ``abort``, ``begin_import``, ``finish_import``, ``admit``): run on
       the engine thread, between two steps, so no request changes while a step runs.
-    * **Bookkeeping** (``pin``, ``unpin``, ``held_block_ids``, ``release_held``,
-      ``num_leading_cached``, ``begin_prefix_import``, ``drain_events``, ``snapshot``,
-      ``load_snapshot``): run on a bookkeeping thread holding the engine's lock. A step holds
-      that lock while it plans and while it books its results, but not during its forward
-      pass, so these calls may overlap a forward pass; they touch only blocks no running
-      sequence is writing (cached, pinned, held or free blocks) and the pool's counters.
+    * **Bookkeeping** (``pin``, ``unpin``, ``offer_sink``, ``mark_sunk``, ``forget_sunk``,
+      ``held_block_ids``, ``release_held``, ``num_leading_cached``, ``begin_prefix_import``,
+      ``drain_events``, ``snapshot``, ``load_snapshot``): run on a bookkeeping thread holding
+      the engine's lock. A step holds that lock while it plans and while it books its
+      results, but not during its forward pass, so these calls may overlap a forward pass;
+      they touch only blocks no running sequence is writing (cached, pinned, held or free
+      blocks) and the pool's counters.
 
     Invariant: the step loop never ends while the host runs: a failing step, or a failing
     output handler, is logged and contained. ``stuck`` reports a step running longer than
@@ -167,6 +169,17 @@ class EngineHost:
     async def unpin(self, pin_id: str) -> bool:
         return await self._book(lambda: self.engine.exchange.unpin(pin_id))
 
+    async def offer_sink(
+        self, pin_id: str, max_blocks: int, skip: Callable[[BlockHash], bool]
+    ) -> list[CachedBlock]:
+        return await self._book(lambda: self.engine.exchange.offer_sink(pin_id, max_blocks, skip))
+
+    async def mark_sunk(self, hashes: list[BlockHash]) -> int:
+        return await self._book(lambda: self.engine.pool.mark_sunk(hashes))
+
+    async def forget_sunk(self) -> None:
+        await self._book(self.engine.pool.forget_sunk)
+
     def prompt_hashes(self, prompt: list[int], salt: bytes) -> list[BlockHash]:
         """Pure hashing: needs no lock."""
         return self.engine.exchange.prompt_hashes(prompt, salt)
@@ -204,7 +217,7 @@ class EngineHost:
                 (max(s.params.max_tokens - s.num_output_tokens, 0), s.num_tokens) for s in running
             )[:MAX_FINISHING]
             stats = dataclasses.replace(engine.stats)
-            return LoadSnapshot(engine.load(), stats, timings, finishing)
+            return LoadSnapshot(engine.load(), stats, timings, finishing, engine.pool.num_unsunk)
 
         return await self._book(take)
 

@@ -43,6 +43,7 @@ class Holding:
     error: str | None = None
     error_code: int | None = None
     num_cached_tokens: int = 0
+    cached_by_tier: dict[str, int] = field(default_factory=dict)
     owner: str = ""  # the node this one handed the request to
     owner_epoch: str = ""
     done_at: float = 0.0
@@ -175,6 +176,7 @@ class Ledger:
             logprobs=logprobs,
             finish_reason=holding.finish_reason if holding.finish_reason in _FINISHES else None,
             num_cached_tokens=holding.num_cached_tokens,
+            cached_by_tier=holding.cached_by_tier,
             error=holding.error,
             error_code=holding.error_code,
             owner=holding.owner,

@@ -1,7 +1,10 @@
 """Loading a prompt's cached blocks from the nodes the scheduler's plan names.
 
 Each planned source is asked to pin the blocks (a NATS request), they are pulled into blocks
-reserved here and verified by the ``BlockPuller``, and the source's pin is released. Whatever
+reserved here and verified by the ``BlockPuller``, and the source's pin is released. A source
+may be a peer's pool or a tierd's lower tier (which reads the blocks up before it answers);
+NVMe blocks of this host's tierd may instead be read from its files here (``DirectReader``),
+whichever has measured faster. Whatever
 fails (the source is gone, it evicted the blocks, the pull breaks, a block is corrupt) only
 shortens what is imported: the engine computes the rest, so a pull can make a request slower,
 never wrong.
@@ -10,13 +13,16 @@ never wrong.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from shared import subjects
 from shared.bus import Bus, BusRequestError
-from shared.cluster_messages import LeaseRelease, PinReply, PinRequest, PullPlan
+from shared.cluster_messages import CorruptBlocks, LeaseRelease, PinReply, PinRequest, PullPlan
 from shared.engine.cache_exchange import PrefixImport
 from shared.kv.hashing import BlockHash
+from shared.kv.tiers import DRAM, NVME, bandwidth_key
+from shared.node.direct import DirectReader
 from shared.node.engine_host import EngineHost
 from shared.node.puller import BlockPuller, PullSource
 
@@ -26,29 +32,64 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class FetchedPrefix:
     """Blocks pulled for one request: each import with the checksums of its verified leading
-    blocks. The engine caches them right before it admits the request."""
+    blocks. The engine caches them right before it admits the request. ``blocks_by_tier``
+    counts the verified blocks per tier they came from."""
 
     imports: list[tuple[PrefixImport, list[int]]] = field(default_factory=list)
+    blocks_by_tier: dict[str, int] = field(default_factory=dict)
+
+    def add(
+        self,
+        imp: PrefixImport,
+        checksums: list[int],
+        tier: str,
+        block_tiers: Sequence[str] = (),
+    ) -> None:
+        """``block_tiers``: where each block came from, when the source says (a tierd reads
+        each from the fastest tier holding it); else all from ``tier``."""
+        imp.sunk = tier != DRAM  # the lower tier keeps its copy
+        self.imports.append((imp, checksums))
+        for i in range(len(checksums)):
+            came_from = block_tiers[i] if i < len(block_tiers) else tier
+            self.blocks_by_tier[came_from] = self.blocks_by_tier.get(came_from, 0) + 1
+
+    def tokens_by_tier(self, num_cached_tokens: int, block_size: int) -> dict[str, int]:
+        """``num_cached_tokens`` split by tier: what came from below DRAM, the rest from a
+        pool (this node's or a peer's)."""
+        split = {DRAM: 0, NVME: 0, "s3": 0}
+        left = num_cached_tokens
+        for tier in (NVME, "s3"):
+            split[tier] = min(left, self.blocks_by_tier.get(tier, 0) * block_size)
+            left -= split[tier]
+        split[DRAM] = left
+        return split
 
 
 class PrefixFetcher:
-    """Owns nothing but counters; pulls go through the node's ``BlockPuller``."""
+    """Owns nothing but counters; pulls go through the node's ``BlockPuller``, direct NVMe
+    reads through its ``DirectReader`` (None: this node reads no files)."""
 
     def __init__(
-        self, bus: Bus, engine: EngineHost, puller: BlockPuller, pin_timeout_s: float = 2.0
+        self,
+        bus: Bus,
+        engine: EngineHost,
+        puller: BlockPuller,
+        pin_timeout_s: float = 2.0,
+        direct: DirectReader | None = None,
     ) -> None:
         self.bus = bus
         self.engine = engine
         self.puller = puller
         self.pin_timeout_s = pin_timeout_s
+        self.direct = direct
         self.pulls_failed = 0
 
     async def fetch(self, prompt: list[int], salt: bytes, plans: list[PullPlan]) -> FetchedPrefix:
         fetched = FetchedPrefix()
         hashes = self.engine.prompt_hashes(prompt, salt)
-        for plan in plans:
+        for i, plan in enumerate(plans):
             try:
-                await self._fetch_one(prompt, salt, hashes, plan, fetched)
+                await self._fetch_one(prompt, salt, hashes, plan, fetched, i == len(plans) - 1)
             except Exception:
                 # Never lose the request over a pull: log, and compute instead.
                 self.pulls_failed += 1
@@ -62,15 +103,29 @@ class PrefixFetcher:
         hashes: list[BlockHash],
         plan: PullPlan,
         fetched: FetchedPrefix,
+        last: bool,
     ) -> None:
         first = max(await self.engine.num_leading_cached(hashes), plan.first_block)
         end = min(plan.first_block + plan.num_blocks, len(hashes))
+        if plan.tier != DRAM and last:
+            # A tierd reads each block from whichever tier holds it, and the catalogue counts
+            # runs per tier: a chain cut at its tail to S3 may go on beyond what was priced.
+            end = len(hashes)
         if first >= end:
             return
+        key = bandwidth_key(plan.node_id, plan.tier)
+        direct = self.direct if plan.tier == NVME else None
+        if direct is not None and direct.prefer(
+            plan.node_id, self.puller.bandwidth.by_source.get(key)
+        ):
+            first += await self._read_direct(prompt, salt, hashes, first, end, plan, fetched)
+            if first >= end:
+                return
+            # The files ran out (moved to S3 meanwhile, damaged): tierd has the rest, if anyone.
         try:
             pin = await self.bus.request(
                 subjects.peer_pins(plan.node_id),
-                PinRequest(block_hashes=hashes[first:end]),
+                PinRequest(block_hashes=hashes[first:end], tier=plan.tier),
                 PinReply,
                 self.pin_timeout_s,
             )
@@ -80,9 +135,9 @@ class PrefixFetcher:
             return
         try:
             if pin.block_ids:
-                imp = await self._pull(prompt, salt, hashes, first, plan.node_id, pin)
-                if imp is not None:
-                    fetched.imports.append(imp)
+                pulled = await self._pull(prompt, salt, hashes, first, key, pin)
+                if pulled is not None:
+                    fetched.add(*pulled, plan.tier, pin.block_tiers)
         finally:
             if pin.lease_id:
                 release = LeaseRelease(lease_id=pin.lease_id)
@@ -111,3 +166,26 @@ class PrefixFetcher:
         )
         verified = await self.puller.pull(origin, imp.block_ids)
         return imp, pin.block_checksums[:verified]
+
+    async def _read_direct(
+        self,
+        prompt: list[int],
+        salt: bytes,
+        hashes: list[BlockHash],
+        first: int,
+        end: int,
+        plan: PullPlan,
+        fetched: FetchedPrefix,
+    ) -> int:
+        """Reads blocks ``first:end`` from this host's files; how many leading ones it got."""
+        assert self.direct is not None
+        imp = await self.engine.begin_prefix_import(prompt, salt, hashes, first, end - first)
+        if imp is None:
+            return 0
+        read = await self.direct.read(imp.block_hashes, imp.block_ids)
+        if read.corrupt:
+            # tierd checks the file again itself before it drops the replica.
+            report = CorruptBlocks(block_hashes=read.corrupt, tier=NVME)
+            await self.bus.publish(subjects.corrupt_reports(plan.node_id), report)
+        fetched.add(imp, read.checksums, NVME)
+        return read.verified

@@ -11,26 +11,39 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
 from shared import subjects
 from shared.bus import Bus, NatsBus
-from shared.cluster_messages import LeaseRelease, NodeStatus, PinRequest, StepSample, TaskAck
+from shared.cluster_messages import (
+    LeaseRelease,
+    NodeStatus,
+    PinRequest,
+    SinkDone,
+    SinkRequest,
+    StepSample,
+    TaskAck,
+)
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
 from shared.engine.types import RequestOutput, StepTiming
 from shared.heartbeat import heartbeat_loop
+from shared.kv.block_file import Layout
 from shared.messages import AbortRequest, ReplayReply, ReplayRequest, TokenChunk
+from shared.model.kv_cache import PagedKVCache
 from shared.node.catalogue import CatalogueSync
 from shared.node.chunks import error_chunk
+from shared.node.direct import DirectReader
 from shared.node.engine_host import EngineHost
 from shared.node.ledger import Ledger
 from shared.node.metrics import NodeMetrics
 from shared.node.pins import BlockServer
 from shared.node.puller import BlockPuller
 from shared.node.settings import NodeSettings
+from shared.node.sink import SinkServer
 from shared.node.upkeep import Upkeep
 from shared.ops_http import OpsServer
 from shared.secrets import secret_fingerprint
@@ -75,6 +88,7 @@ class NodeRuntime:
         self.settings = settings
         self.role_name = role
         self.node_id = settings.resolved_node_id(role)
+        self.host_id = subjects.host_id(settings.host_id)
         self.epoch = uuid.uuid4().hex[:16]
         self.fingerprint = secret_fingerprint(settings.cache_secret)
         self.draining = False
@@ -86,6 +100,7 @@ class NodeRuntime:
         self.ops: OpsServer | None = None
         self.catalogue: CatalogueSync | None = None
         self.role: NodeRole | None = None
+        self.direct: DirectReader | None = None
         self.server: TransferServer = create_server(
             settings.transfer, self._provide, settings.transfer_host
         )
@@ -104,6 +119,10 @@ class NodeRuntime:
         self.host = EngineHost(self.engine, self._on_outputs, s.step_timeout_s)
         self.puller = BlockPuller(cache, s.pull_timeout_s)
         self.blocks = BlockServer(self.host, cache, self.ledger, s.transfer, self.server.address)
+        self.direct = self._direct_reader(s, cache)
+        self.sinks = SinkServer(
+            self.host, self.ledger, s.transfer, self.server.address, cache.layout.block_bytes
+        )
         self.role = make_role(self)
         self.host.start()
         await self._subscribe()
@@ -118,12 +137,23 @@ class NodeRuntime:
             self.ops = OpsServer(s.metrics_host, s.metrics_port, self.healthy, registry)
             self.ops.start()
 
+    def _direct_reader(self, s: NodeSettings, cache: PagedKVCache) -> DirectReader | None:
+        if not s.nvme_dir:
+            return None
+        config = self.engine.config
+        layout = Layout(self.engine.model_id, config.block_size, config.kv_dtype,
+                        cache.layout.block_bytes)  # fmt: skip
+        tierd_id = s.tierd_id or f"tierd-{subjects.host_id(s.host_id)}"
+        return DirectReader(Path(s.nvme_dir), tierd_id, cache, layout)
+
     async def _subscribe(self) -> None:
         bus, node = self.bus, self.node_id
         await bus.subscribe(subjects.ABORTS, AbortRequest, self._on_abort)
         await bus.subscribe(subjects.lease_releases(node), LeaseRelease, self._on_release)
         await bus.serve(subjects.peer_pins(node), PinRequest, self.blocks.on_pin)
         await bus.serve(subjects.replays(node), ReplayRequest, self._on_replay)
+        await bus.serve(subjects.sinks(node), SinkRequest, self.sinks.on_sink)
+        await bus.subscribe(subjects.sunk(node), SinkDone, self._on_sunk)
 
     def _start_catalogue(self, s: NodeSettings) -> None:
         # Imported here: a node without cachemeta never loads grpc.
@@ -202,6 +232,11 @@ class NodeRuntime:
             # The decode node has the KV: this node's part of the request is over.
             self.ledger.finish(lease.request_id, time.monotonic(), reason="handed_over")
 
+    async def _on_sunk(self, done: SinkDone) -> None:
+        # The release normally came right after the copy; this one covers its loss.
+        await self.blocks.release(done.lease_id)
+        await self.sinks.on_sunk(done)
+
     async def _on_replay(self, request: ReplayRequest) -> ReplayReply:
         return self.ledger.replay(request.request_id, request.from_index)
 
@@ -226,10 +261,12 @@ class NodeRuntime:
         status.step_samples = [_sample(t) for t in snap.timings]
         status.prompt_tokens_computed = stats.prompt_tokens_computed
         status.prompt_tokens_cached = stats.prompt_tokens_cached + stats.prompt_tokens_imported
-        status.fetch_bandwidth = dict(self.puller.bandwidth.by_source)
+        measured = dict(self.puller.bandwidth.by_source)
+        status.fetch_bandwidth = measured if self.direct is None else self.direct.merged(measured)
         status.kv_bytes_sent = self.server.bytes_sent
         status.kv_bytes_received = self.puller.bytes_received
         status.finishing_seqs = snap.finishing
+        status.unsunk_blocks = snap.unsunk_blocks
         if self.role is not None:
             self.role.describe(status)
         self.metrics.update(status, stats)
@@ -248,6 +285,7 @@ class NodeRuntime:
             block_size=self.engine.config.block_size,
             pid=os.getpid(),
             secret_fingerprint=self.fingerprint,
+            host_id=self.host_id,
         )
 
     async def beat_now(self) -> None:

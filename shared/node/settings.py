@@ -17,6 +17,13 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
 
     nats_url: str = "nats://127.0.0.1:4222"
     node_id: str = Field(default="", description="unique name; default: role + random suffix")
+    host_id: str = Field(
+        default="", description="the machine's name, shared with its tierd; default: hostname"
+    )
+    nvme_dir: str = Field(
+        default="", description="the host tierd's NVMe directory, read directly when faster"
+    )
+    tierd_id: str = Field(default="", description="the host's tierd; default: tierd-<host id>")
     transfer: str = Field(default="ucx", description="KV transfer: ucx or tcp")
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-TIERS = ("dram", "disk", "s3")
+TIERS = ("dram", "nvme", "s3")
 
 
 @dataclass(frozen=True, slots=True)

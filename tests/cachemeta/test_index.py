@@ -35,19 +35,19 @@ def test_match_reports_leading_blocks_per_holder_longest_first() -> None:
     index = PrefixIndex()
     index.add(("a", "dram"), CHAIN[:3], SIZES)
     index.add(("b", "dram"), CHAIN, SIZES)
-    index.add(("b", "disk"), CHAIN[:6], SIZES)
+    index.add(("b", "nvme"), CHAIN[:6], SIZES)
     index.add(("c", "dram"), CHAIN[1:], SIZES)  # misses block 0: holds no leading block
     index.add(("d", "s3"), [*CHAIN[:2], *CHAIN[3:]], SIZES)  # a hole at block 2
     assert index.match(CHAIN) == [
         PrefixHolder("b", "dram", 10),
-        PrefixHolder("b", "disk", 6),
+        PrefixHolder("b", "nvme", 6),
         PrefixHolder("a", "dram", 3),
         PrefixHolder("d", "s3", 2),
     ]
     assert index.match(CHAIN[:1]) == [
         PrefixHolder("a", "dram", 1),
-        PrefixHolder("b", "disk", 1),
         PrefixHolder("b", "dram", 1),
+        PrefixHolder("b", "nvme", 1),
         PrefixHolder("d", "s3", 1),
     ]
     assert index.match([]) == []
@@ -58,7 +58,7 @@ def test_add_and_remove_count_only_changes() -> None:
     index = PrefixIndex()
     assert index.add(("a", "dram"), CHAIN[:4], SIZES) == 4
     assert index.add(("a", "dram"), CHAIN[2:6], SIZES) == 2
-    assert index.add(("a", "disk"), CHAIN[:2], SIZES) == 2
+    assert index.add(("a", "nvme"), CHAIN[:2], SIZES) == 2
     assert len(index) == 6 and index.num_replicas == 8
     assert index.replica_bytes == sum(SIZES[b] for b in CHAIN[:6]) + SIZES[h(0)] + SIZES[h(1)]
     # A block keeps the size it was first added with.
@@ -67,8 +67,8 @@ def test_add_and_remove_count_only_changes() -> None:
     assert index.remove(("b", "dram"), CHAIN) == 1
     assert index.remove(("a", "dram"), [CHAIN[0], h(99), CHAIN[0]]) == 1
     assert index.remove(("zz", "dram"), CHAIN) == 0
-    assert index.contains(CHAIN[0])  # still on disk
-    assert index.remove(("a", "disk"), CHAIN[:2]) == 2
+    assert index.contains(CHAIN[0])  # still on NVMe
+    assert index.remove(("a", "nvme"), CHAIN[:2]) == 2
     assert not index.contains(CHAIN[0]) and index.contains(CHAIN[1])
     assert index.replica_counts() == {"a": 5}
     assert index.replica_bytes == sum(SIZES[b] for b in CHAIN[1:6])
@@ -77,7 +77,7 @@ def test_add_and_remove_count_only_changes() -> None:
 def test_remove_node_frees_holder_ids_for_reuse() -> None:
     index = PrefixIndex()
     index.add(("a", "dram"), CHAIN, SIZES)
-    index.add(("a", "disk"), CHAIN[:5], SIZES)
+    index.add(("a", "nvme"), CHAIN[:5], SIZES)
     index.add(("b", "dram"), CHAIN[:2], SIZES)
     assert index.remove_node("a") == 15
     assert index.holders_of("a") == [] and index.blocks_of(("a", "dram")) == frozenset()
@@ -101,7 +101,7 @@ def test_matches_brute_force_on_random_holdings() -> None:
     index = PrefixIndex()
     held: dict[tuple[str, str], set[bytes]] = {}
     chain = [h(i) for i in range(40)]
-    holders = [(f"n{i}", tier) for i in range(30) for tier in ("dram", "disk")]
+    holders = [(f"n{i}", tier) for i in range(30) for tier in ("dram", "nvme")]
     for _ in range(400):
         holder = rng.choice(holders)
         start, stop = sorted(rng.sample(range(41), 2))
@@ -118,7 +118,7 @@ def test_matches_brute_force_on_random_holdings() -> None:
                 held[key] = set()
         for probe in (chain, chain[rng.randrange(40) :]):
             assert index.match(probe) == brute_force(held, probe)
-            for tiers in (("dram",), ("disk", "s3"), ("dram", "disk")):
+            for tiers in (("dram",), ("nvme", "s3"), ("dram", "nvme")):
                 assert index.match(probe, tiers) == brute_force(held, probe, tiers)
     assert index.num_replicas == sum(len(b) for b in held.values())
     assert index.replica_bytes == sum(SIZES[x] for b in held.values() for x in b)

@@ -25,12 +25,12 @@ def test_register_match_drop_touch_list_stats(served: Served) -> None:
     async def scenario() -> None:
         assert await client.register_blocks("n1", "dram", blocks) == 10
         assert await client.register_blocks("n1", "dram", blocks) == 0  # idempotent
-        assert await client.register_blocks("n2", "disk", blocks[:4] + other) == 6
+        assert await client.register_blocks("n2", "nvme", blocks[:4] + other) == 6
         assert await client.match_prefix(hashes(blocks)) == [
             PrefixHolder("n1", "dram", 10),
-            PrefixHolder("n2", "disk", 4),
+            PrefixHolder("n2", "nvme", 4),
         ]
-        assert await client.match_prefix(hashes(other)) == [PrefixHolder("n2", "disk", 2)]
+        assert await client.match_prefix(hashes(other)) == [PrefixHolder("n2", "nvme", 2)]
         assert await client.match_prefix(hashes(blocks), tiers=["dram"]) == [
             PrefixHolder("n1", "dram", 10)
         ]
@@ -39,11 +39,11 @@ def test_register_match_drop_touch_list_stats(served: Served) -> None:
         assert await client.stats() == CatalogueStats(12, 16, 2, 16 * 4096)
 
         # Dropping counts only what the holder had; a block goes with its last replica.
-        assert await client.drop_blocks("n2", "disk", [*hashes(other), b"\x00" * 16]) == 2
-        assert await client.drop_blocks("n2", "disk", hashes(other)) == 0
+        assert await client.drop_blocks("n2", "nvme", [*hashes(other), b"\x00" * 16]) == 2
+        assert await client.drop_blocks("n2", "nvme", hashes(other)) == 0
         assert await client.drop_blocks("n1", "dram", hashes(blocks[2:3])) == 1
         assert await client.match_prefix(hashes(blocks)) == [
-            PrefixHolder("n2", "disk", 4),
+            PrefixHolder("n2", "nvme", 4),
             PrefixHolder("n1", "dram", 2),
         ]
         assert await client.stats() == CatalogueStats(10, 13, 2, 13 * 4096)
@@ -77,16 +77,16 @@ def test_replace_makes_the_blocks_the_whole_tier(served: Served) -> None:
 
     async def scenario() -> None:
         await client.register_blocks("n1", "dram", blocks[:6])
-        await client.register_blocks("n1", "disk", blocks[:6])
+        await client.register_blocks("n1", "nvme", blocks[:6])
         assert await client.register_blocks("n1", "dram", blocks[3:], replace=True) == 4
-        assert await client.match_prefix(hashes(blocks)) == [PrefixHolder("n1", "disk", 6)]
+        assert await client.match_prefix(hashes(blocks)) == [PrefixHolder("n1", "nvme", 6)]
         assert await client.match_prefix(hashes(blocks[3:])) == [
             PrefixHolder("n1", "dram", 7),
-            PrefixHolder("n1", "disk", 3),
+            PrefixHolder("n1", "nvme", 3),
         ]
         assert await client.stats() == CatalogueStats(10, 13, 1, 13 * 4096)
-        assert await client.register_blocks("n1", "disk", [], replace=True) == 0
-        # blocks 0..2 were only on disk: they are gone from the catalogue.
+        assert await client.register_blocks("n1", "nvme", [], replace=True) == 0
+        # blocks 0..2 were only on NVMe: they are gone from the catalogue.
         assert await client.stats() == CatalogueStats(7, 7, 1, 7 * 4096)
         assert await client.match_prefix(hashes(blocks)) == []
 

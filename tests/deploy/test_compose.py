@@ -24,6 +24,7 @@ from tests.support.nats import free_port, nats_server_binary, wait_for_port
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCALED = ("prefill", "decode")
+ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
 
 def compose_binary() -> Path:
@@ -65,7 +66,7 @@ def test_a_broken_file_is_rejected(tmp_path: Path) -> None:
 
 def test_every_service_has_a_health_check_and_the_nodes_can_scale() -> None:
     services = rendered()["services"]
-    names = ("nats", "postgres", "s3", "cachemeta", "gateway", "scheduler", "prefill", "decode")
+    names = ("nats", "postgres", "s3", "cachemeta", *ROLES)
     assert set(names) <= set(services)
     for name in names:
         assert services[name].get("healthcheck", {}).get("test"), name
@@ -79,11 +80,9 @@ def test_every_service_has_a_health_check_and_the_nodes_can_scale() -> None:
 
 def test_services_start_only_after_nats_is_healthy() -> None:
     services = rendered()["services"]
-    for name in ("gateway", "scheduler", "prefill", "decode"):
+    for name in ("gateway", "scheduler", "prefill", "decode", "tierd"):
         assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy", name
-
-
-ROLES = ("gateway", "scheduler", "prefill", "decode")
+    assert services["tierd"]["depends_on"]["s3"]["condition"] == "service_healthy"
 
 
 def test_nats_runs_the_generated_configuration() -> None:
@@ -110,7 +109,7 @@ def test_cachemeta_and_its_callers_share_a_token_the_gateway_lacks() -> None:
     services = rendered()["services"]
     token = services["cachemeta"]["environment"]["CRESCENT_CACHEMETA_TOKEN"]
     assert len(token) >= MIN_SECRET_CHARS
-    for name in ("scheduler", "prefill", "decode"):
+    for name in ("scheduler", "prefill", "decode", "tierd"):
         assert services[name]["environment"]["CRESCENT_CACHEMETA_TOKEN"] == token
     assert services["gateway"]["environment"]["CRESCENT_CACHEMETA_TOKEN"] == ""
 

@@ -122,3 +122,46 @@ def test_no_room_reserves_nothing_and_keeps_the_pool_whole(make_engine: EngineFa
     assert engine.exchange.begin_import(prompt, SALT, hashes, 0, 4) is None
     engine.pool.free(taken)
     assert engine.pool.num_free_blocks == blocks
+
+
+def test_sink_offers_the_coldest_unsunk_blocks_and_never_a_busy_one(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    ex, pool = engine.exchange, engine.pool
+    first, second = prompts(2, 20, 20, seed=36)
+    run(engine, "a", first)
+    cold = {b.block_hash for b in ex.snapshot()}  # prompt and reply blocks alike
+    run(engine, "b", second)
+    offered = ex.offer_sink("s1", 3, lambda _h: False)
+    # The first prompt freed its blocks first and deepest first: they are evicted first.
+    assert {b.block_hash for b in offered} <= cold and len(offered) == 3
+    assert all(b.quota_key == SALT[:16] for b in offered)
+    assert all(pool.get_cached_block(b.block_hash).ref_cnt == 1 for b in offered)  # type: ignore[union-attr]
+    taken = {b.block_hash for b in offered}
+    again = ex.offer_sink("s2", 64, lambda h: h in taken)
+    assert not taken & {b.block_hash for b in again}
+    # A quarter of the free blocks at most, so a sink cannot starve admissions.
+    assert 0 < len(again) <= (pool.num_free_blocks + len(again)) // 4
+    assert ex.unpin("s1") and ex.unpin("s2")
+    pool.mark_sunk([b.block_hash for b in ex.snapshot()])
+    assert pool.num_unsunk == 0
+    assert ex.offer_sink("s3", 64, lambda _h: False) == []
+    assert ex.num_pins == 0
+
+
+def test_blocks_read_up_from_a_lower_tier_are_not_offered_again(
+    make_engine: EngineFactory,
+) -> None:
+    prompt = prompts(1, 26, 26, seed=37)[0]
+    holder, reader = make_engine(), make_engine()
+    run(holder, "warm", prompt)
+    hashes = reader.exchange.prompt_hashes(prompt, SALT)
+    pinned = holder.exchange.pin("p", hashes)
+    imp = reader.exchange.begin_import(prompt, SALT, hashes, 0, len(pinned))
+    assert imp is not None and imp.quota_key == SALT[:16]
+    imp.sunk = True
+    checksums = copy(holder, [b for b, _ in pinned], reader, imp.block_ids)
+    assert reader.exchange.finish_import(imp, checksums) == len(pinned)
+    assert reader.pool.num_unsunk == 0
+    assert reader.exchange.offer_sink("s", 64, lambda _h: False) == []

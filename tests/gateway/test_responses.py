@@ -43,6 +43,7 @@ def run(tokenizer: Tokenizer, prepared: PreparedRequest, texts: list[str]) -> li
             logprobs=logprobs,
             finish_reason="stop",
             num_cached_tokens=16 * (spec.index + 1),
+            cached_by_tier={"nvme": 10, "s3": 2 * (spec.index + 1)},
         )
         choice.add(chunk)
         choices.append(choice)
@@ -74,8 +75,12 @@ def test_chat_response_shape_and_usage_counts_the_prompt_once(
         "prompt_tokens": prompt_len,
         "completion_tokens": completion,
         "total_tokens": prompt_len + completion,
-        # Choice 0 speaks for the prompt; its chunk said 16 cached tokens.
-        "prompt_tokens_details": {"cached_tokens": 16},
+        # Choice 0 speaks for the prompt; its chunk said 16 cached tokens, 12 of them below
+        # DRAM (what it did not place counts as DRAM).
+        "prompt_tokens_details": {
+            "cached_tokens": 16,
+            "cached_tokens_by_tier": {"dram": 4, "nvme": 10, "s3": 2},
+        },
     }
     content = body["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in content] == ["Hi", " there"]
@@ -98,7 +103,10 @@ def test_completion_logprobs_shape(builder: RequestBuilder, tokenizer: Tokenizer
     assert logprobs["text_offset"] == [0, 2]
     # Two prompts: both count, and each one's first choice reports its cached tokens.
     assert response["usage"]["prompt_tokens"] == sum(len(p) for p in prepared.prompts)
-    assert response["usage"]["prompt_tokens_details"]["cached_tokens"] == min(16, 1) + min(32, 1)
+    details = response["usage"]["prompt_tokens_details"]
+    assert details["cached_tokens"] == min(16, 1) + min(32, 1)
+    # Clipped to the one-token prompts, the split still adds up (S3 claims them first).
+    assert details["cached_tokens_by_tier"] == {"dram": 0, "nvme": 0, "s3": 2}
 
 
 def test_stream_chunks(builder: RequestBuilder, tokenizer: Tokenizer) -> None:

@@ -122,7 +122,7 @@ def test_nobody_reads_another_roles_replies_or_answers_unasked(server: NatsServe
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("user", ["gateway", "scheduler", "prefill", "decode", "tools"])
+@pytest.mark.parametrize("user", ["gateway", "scheduler", "prefill", "decode", "tierd", "tools"])
 def test_no_role_can_forge_a_disconnect_event(server: NatsServer, user: str) -> None:
     async def scenario() -> None:
         async with connect(server, user) as conn:
@@ -161,6 +161,10 @@ ROUND_TRIPS: list[tuple[str, str, Callable[[str], str], bool, str]] = [
     ("gateway", "decode", subjects.replays, False, ""),
     ("prefill", "gateway", subjects.gateway_checks, True, ""),
     ("decode", "gateway", subjects.gateway_checks, False, ""),
+    ("tierd", "prefill", subjects.sinks, False, ""),
+    ("tierd", "decode", subjects.sinks, False, ""),
+    ("prefill", "tierd", subjects.peer_pins, True, ""),
+    ("decode", "tierd", subjects.peer_pins, True, ""),
 ]
 
 

@@ -9,8 +9,10 @@ from shared.rpc.types import PrefixHolder
 
 
 class FakeCacheMeta:
-    """Answers ``match_prefix`` with ``holders`` after ``delay_s``, or raises ``error``; records
-    every call. Invariant: ``matches`` and ``touches`` hold the hashes of every call, in order."""
+    """Answers ``match_prefix`` with ``holders`` (those in the tiers asked for) after
+    ``delay_s``, or raises ``error``; records every call. Invariant: ``matches`` and
+    ``touches`` hold the hashes of every call, in order, and ``tiers`` the tiers of every
+    match."""
 
     def __init__(
         self,
@@ -26,6 +28,7 @@ class FakeCacheMeta:
         self.delay_s = delay_s
         self.matches: list[list[bytes]] = []
         self.timeouts: list[float | None] = []
+        self.tiers: list[tuple[str, ...]] = []
         self.touches: list[list[bytes]] = []
         self.closed = False
 
@@ -38,6 +41,7 @@ class FakeCacheMeta:
     ) -> list[PrefixHolder]:
         self.matches.append(list(block_hashes))
         self.timeouts.append(timeout_s)
+        self.tiers.append(tuple(tiers))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.error is not None:

@@ -7,120 +7,22 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import msgspec
 import pytest
 
 from services.scheduler.config import SchedulerSettings
-from services.scheduler.lookup import HashScope, prompt_block_hashes
-from services.scheduler.main import SchedulerService
+from services.scheduler.lookup import prompt_block_hashes
 from shared import subjects
-from shared.cluster_messages import NodeStatus, PrefillTask, PullPlan, TaskAck
+from shared.cluster_messages import PullPlan
 from shared.memory_bus import MemoryBus
-from shared.messages import AbortRequest, GenerateRequest, SamplingSpec, SubmitReply
+from shared.messages import AbortRequest
 from shared.nats_events import DISCONNECT_TYPE
 from shared.rpc.client import CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
 from shared.secrets import secret_fingerprint
 from tests.scheduler.fake_cachemeta import FakeCacheMeta
-
-SECRET = "test-secret"
-SCOPE = HashScope("smollm2-test", 32, "float32")
-PROMPT = [(7 * i) % 1000 for i in range(2000)]  # 62 cacheable blocks
-WAIT_S = 5.0
-
-
-def beat(node_id: str, role: str, **load: Any) -> NodeStatus:
-    return NodeStatus(
-        node_id=node_id,
-        role=role,
-        free_blocks=1000,
-        total_blocks=1000,
-        block_size=SCOPE.block_size,
-        model_id=SCOPE.model_id,
-        kv_dtype=SCOPE.kv_dtype,
-        block_bytes=32 * 46_080,
-        **load,
-    )
-
-
-def generate(request_id: str, prompt: list[int] = PROMPT) -> GenerateRequest:
-    return GenerateRequest(
-        request_id=request_id,
-        tenant="tenant-a",
-        prompt_token_ids=prompt,
-        sampling=SamplingSpec(max_tokens=8),
-    )
-
-
-class Harness:
-    """A scheduler service on the in-memory bus, and a client that plays the nodes and the
-    gateway. Prefill nodes accept every task unless listed in ``refusing`` or ``silent``."""
-
-    def __init__(self, service: SchedulerService, bus: MemoryBus) -> None:
-        self.service = service
-        self.bus = bus
-        self.tasks: asyncio.Queue[tuple[str, PrefillTask]] = asyncio.Queue()
-        self.refusing: set[str] = set()
-        self.silent: set[str] = set()
-
-    async def nodes(self, *beats: NodeStatus) -> None:
-        for status in beats:
-            if status.role == "prefill":
-                await self._serve_tasks(status.node_id)
-            await self.beat(status)
-        handlers = self.service.handlers
-        assert handlers is not None
-        deadline = time.monotonic() + WAIT_S
-        while len(handlers.view.nodes) < len(beats):
-            assert time.monotonic() < deadline, "heartbeats did not arrive"
-            await asyncio.sleep(0.01)
-
-    async def beat(self, status: NodeStatus, subject: str = "") -> None:
-        subject = subject or subjects.heartbeats(status.role, status.node_id)
-        await self.bus.publish(subject, status)
-        await self.bus.settle()
-
-    async def send(self, request: GenerateRequest) -> SubmitReply:
-        return await self.bus.request(subjects.REQUESTS, request, SubmitReply, WAIT_S)
-
-    async def next_task(self) -> tuple[str, PrefillTask]:
-        return await asyncio.wait_for(self.tasks.get(), WAIT_S)
-
-    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
-        assert self.service.metrics is not None
-        return self.service.metrics.registry.get_sample_value(name, labels or {}) or 0.0
-
-    def fallbacks(self, reason: str) -> float:
-        return self.sample("crescent_cachemeta_fallbacks_total", {"reason": reason})
-
-    async def _serve_tasks(self, node_id: str) -> None:
-        async def take(task: PrefillTask) -> TaskAck | None:
-            if node_id in self.silent:
-                return None
-            await self.tasks.put((node_id, task))
-            refused = node_id in self.refusing
-            return TaskAck(accepted=not refused, node_id=node_id, epoch="e",
-                           reason="draining" if refused else "")  # fmt: skip
-
-        await self.bus.client().serve(subjects.prefill_tasks(node_id), PrefillTask, take)
-
-
-@asynccontextmanager
-async def scheduler(index: FakeCacheMeta | None, **settings: Any) -> AsyncIterator[Harness]:
-    config = SchedulerSettings(cache_secret=SECRET, warmup_s=0, **settings)
-    bus = MemoryBus()
-    service = SchedulerService(config, index=index, bus=bus.client())
-    await service.start()
-    try:
-        yield Harness(service, bus)
-    finally:
-        await service.stop()
-        await bus.close()
-
+from tests.scheduler.harness import PROMPT, SCOPE, SECRET, Harness, beat, generate, scheduler
 
 # A holds the whole prompt but has a long queue; B is idle: B should pull the blocks from A.
 LOAD_FORCED = (

@@ -258,6 +258,9 @@ def check_invariants(pool: BlockPool, refs: Counter[int], catalogue: set[bytes])
     hashed = [b.block_hash for b in pool.blocks if b.block_hash is not None]
     # Every map entry is some block's own hash, so the map is a bijection onto hashed blocks.
     assert len(hashed) == len(set(hashed)) == pool.num_cached_blocks
+    unsunk = [b for b in pool.blocks if b.block_hash is not None and not b.sunk]
+    assert pool.num_unsunk == len(unsunk)
+    assert all(not b.sunk and not b.quota_key for b in pool.blocks if b.block_hash is None)
     assert pool.usage == pytest.approx(1 - pool.num_free_blocks / pool.num_blocks)
 
     stored, evicted = pool.drain_events()
@@ -293,14 +296,19 @@ def test_randomized_invariants(seed: int) -> None:
             block = rng.choice(seq)
             if block.block_hash is None:
                 # A small hash space makes duplicate-hash refusals frequent.
-                cached = pool.cache_block(block, h(rng.randrange(12)))
+                key, sunk = bytes([rng.randrange(3)]), rng.random() < 0.3
+                cached = pool.cache_block(block, h(rng.randrange(12)), None, (), key, sunk=sunk)
                 assert cached == (block.block_hash is not None)
+        elif op < 0.8:
+            pool.mark_sunk([h(rng.randrange(12)) for _ in range(3)])
         elif op < 0.95:
             hit = pool.get_cached_block(h(rng.randrange(12)))
             if hit is not None:
                 pool.touch([hit])
                 refs[hit.block_id] += 1
                 sequences.append([hit])
+        elif op < 0.97:
+            pool.forget_sunk()
         else:
             pool.reset_prefix_cache()
         check_invariants(pool, refs, catalogue)
@@ -310,3 +318,22 @@ def test_randomized_invariants(seed: int) -> None:
         refs.subtract(b.block_id for b in seq)
     check_invariants(pool, refs, catalogue)
     assert pool.num_free_blocks == 16 and pool.usage == 0.0
+
+
+def test_sunk_marks_and_quota_keys_live_and_die_with_the_hash() -> None:
+    pool = BlockPool(4)
+    blocks = pool.allocate(3)
+    assert blocks is not None
+    pool.cache_block(blocks[0], h(0), None, (), b"tenant-a")
+    pool.cache_block(blocks[1], h(1), None, (), b"tenant-b", sunk=True)
+    pool.cache_block(blocks[2], h(2))
+    assert pool.num_unsunk == 2
+    assert pool.mark_sunk([h(0), h(1), h(9)]) == 1  # h(1) already, h(9) unknown
+    assert pool.num_unsunk == 1 and blocks[0].sunk and blocks[0].quota_key == b"tenant-a"
+    pool.free(blocks)
+    pool.forget_sunk()  # the lower tier was lost: everything is to be written again
+    assert pool.num_unsunk == 3 and not any(b.sunk for b in blocks)
+    pool.mark_sunk([h(2)])
+    evicted = pool.allocate(4)  # evicts all three cached blocks
+    assert evicted is not None and pool.num_unsunk == 0
+    assert all(not b.sunk and b.quota_key == b"" for b in evicted)

@@ -20,10 +20,10 @@ CONFINED = {
     "fastapi": ("services/gateway/",),
 }
 FRAMEWORKS = ("nats", "fastapi", "grpc", "sqlalchemy", "alembic", "aiobotocore", "starlette")
-# Wiring and adapters talk to frameworks; the storage adapter (tables, statements,
-# migrations) is the one place a service touches its database library.
+# Wiring and adapters talk to frameworks; the storage adapters (tables, statements,
+# migrations, the S3 client) are the one place a service touches its storage library.
 WIRING_FILES = {"main.py", "__main__.py", "api.py", "handlers.py", "servicer.py", "config.py"}
-STORAGE_ADAPTERS = {"database.py", "models.py", "repository.py"}
+STORAGE_ADAPTERS = {"database.py", "models.py", "repository.py", "s3.py"}
 STORAGE_LIBRARIES = ("sqlalchemy", "alembic", "aiobotocore")
 
 

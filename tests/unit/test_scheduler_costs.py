@@ -1,8 +1,9 @@
 """The pruned search for the cheapest prefill node against pricing every node.
 
 ``place`` prices only the nodes whose lower bound can still win; on random clusters (queues,
-measured step times, links, cached prefixes, ties) it must choose exactly what the exhaustive
-minimum over ``prefill_costs`` chooses, pulls and predicted TTFT included.
+measured step times, links, cached prefixes in pools and in tierds' NVMe and S3, ties) it must
+choose exactly what the exhaustive minimum over ``prefill_costs`` chooses, pulls and predicted
+TTFT included.
 """
 
 from __future__ import annotations
@@ -16,9 +17,31 @@ from services.scheduler.costs import PlacementRequest, cheapest_prefill, prefill
 from services.scheduler.policy import Placement, place
 from services.scheduler.timing import StepCoefficients, StepTimes
 from shared.cluster_messages import StepSample
-from shared.rpc.types import PrefixHolder
+from shared.kv.tiers import bandwidth_key
+from shared.rpc.types import TIERS, PrefixHolder
 
 NOW = 50.0
+TIERDS = ("t0", "t1", "t2")
+HOSTS = ("h0", "h1", "")
+
+
+def tier_links(rng: random.Random) -> dict[str, float]:
+    """What a prefill node measured pulling from some tierds' tiers."""
+    keys = [bandwidth_key(t, tier) for t in TIERDS for tier in ("nvme", "s3")]
+    return {k: rng.choice((1e7, 2e8, 2e9)) for k in rng.sample(keys, rng.randrange(3))}
+
+
+def add_tierds(rng: random.Random, view: ClusterView) -> None:
+    for tierd in TIERDS:
+        read = {
+            t: rng.choice((5e7, 3e8, 3e9)) for t in rng.sample(("nvme", "s3"), rng.randrange(3))
+        }
+        view.update(
+            NodeLoad(
+                tierd, "tierd", 0, 0, 0, 0, 32, NOW - rng.choice((0.0, 0.0, 10.0)),
+                host_id=rng.choice(HOSTS), read_bandwidth=read,
+            )
+        )  # fmt: skip
 
 
 def random_cluster(rng: random.Random, num_prefill: int) -> ClusterView:
@@ -41,7 +64,8 @@ def random_cluster(rng: random.Random, num_prefill: int) -> ClusterView:
                 block_size=32,
                 last_seen=NOW - rng.choice((0.0, 0.0, 0.0, 10.0)),  # some are dead
                 max_num_batched_tokens=rng.choice((0, 512, 2048)),
-                fetch_bandwidth=links,
+                fetch_bandwidth=links | tier_links(rng),
+                host_id=rng.choice(HOSTS),
             )
         )
         if rng.random() < 0.3:  # a node with its own measured speed
@@ -49,14 +73,16 @@ def random_cluster(rng: random.Random, num_prefill: int) -> ClusterView:
             samples = [StepSample(1, n, 0, coef.step_seconds(1, n, 0)) for n in range(1, 2000, 97)]
             view.timing.add(node_id, "prefill", samples)
     view.update(NodeLoad("d", "decode", 0, 0, 10_000, 10_000, 32, NOW))
+    add_tierds(rng, view)
     return view
 
 
 def random_holders(rng: random.Random, view: ClusterView, prompt_blocks: int) -> list[PrefixHolder]:
     holders = []
     for node_id in rng.sample(sorted(view.nodes), min(len(view.nodes), rng.randrange(12))):
-        tier = rng.choice(("dram", "dram", "disk"))
-        holders.append(PrefixHolder(node_id, tier, rng.randrange(1, prompt_blocks + 8)))
+        # Every combination comes, the ones nobody can pull from (a tierd's DRAM) included.
+        for tier in rng.sample(TIERS, rng.randrange(1, 3)):
+            holders.append(PrefixHolder(node_id, tier, rng.randrange(1, prompt_blocks + 8)))
     return holders
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import pytest
 
@@ -87,6 +88,25 @@ def test_holders_come_from_cachemeta_within_the_budget() -> None:
     found = asyncio.run(lookup(index, Clock(), reasons).match([b"h" * 16]))
     assert found == HOLDERS and reasons == []
     assert index.matches == [[b"h" * 16]] and index.timeouts == [0.1]
+
+
+def test_holders_are_asked_for_in_every_tier_placement_pulls_from() -> None:
+    asked: list[tuple[str, ...]] = []
+
+    class Recording(FakeCacheMeta):
+        async def match_prefix(
+            self,
+            block_hashes: Sequence[bytes],
+            *,
+            tiers: Sequence[str] = (),
+            timeout_s: float | None = None,
+        ) -> list[PrefixHolder]:
+            asked.append(tuple(tiers))
+            return await super().match_prefix(block_hashes, tiers=tiers, timeout_s=timeout_s)
+
+    held = [PrefixHolder("p1", "dram", 2), PrefixHolder("t", "nvme", 3), PrefixHolder("t", "s3", 4)]
+    found = asyncio.run(lookup(Recording(held), Clock(), []).match([b"h" * 16]))
+    assert asked == [("dram", "nvme", "s3")] and found == held
 
 
 def test_without_cachemeta_or_blocks_nobody_holds_anything() -> None:

@@ -74,6 +74,7 @@ def test_picks_the_least_loaded_nodes() -> None:
     assert (p.prefill_node, p.decode_node, p.pulls, p.num_cached_tokens) == ("p2", "d2", (), 0)
     # 20 queued tokens, then the 64 of the prompt: two steps of 10 ms plus 1 ms per token.
     assert p.predicted_ttft_s == pytest.approx(0.01 + 0.020 + 0.01 + 0.064)
+    assert p.predicted_wait_s == pytest.approx(0.01 + 0.020)  # until the queue reaches it
 
 
 def test_nodes_without_a_recent_heartbeat_or_draining_are_skipped() -> None:
@@ -167,6 +168,7 @@ def test_the_source_is_the_holder_that_makes_the_pull_cheapest() -> None:
 
 
 def test_only_dram_blocks_of_live_nodes_count() -> None:
+    # Lower tiers are a tierd's (test_scheduler_tiers.py), never a prefill or decode node's.
     v = view(
         node("p1", "prefill"),
         node("gone", "prefill", last_seen=NOW - 10),
@@ -174,9 +176,9 @@ def test_only_dram_blocks_of_live_nodes_count() -> None:
         node("d-gone", "decode", last_seen=NOW - 10),
     )
     holders = [
-        PrefixHolder("p1", "disk", 62),
+        PrefixHolder("p1", "nvme", 62),
         PrefixHolder("p1", "s3", 62),
-        PrefixHolder("d1", "disk", 62),
+        PrefixHolder("d1", "nvme", 62),
         dram("gone", 62),
         dram("d-gone", 62),
         dram("unknown", 62),

@@ -1,0 +1,120 @@
+"""Where a prefill node can pull a prompt's cached blocks from, and what each pull costs.
+
+A source is a live prefill or decode node holding the leading blocks in its pool (``dram``), or
+a live tierd holding them on NVMe or in S3. Pulling ``r - local`` blocks from a source costs
+
+    pull overhead + the tier's latency + (r - local) * block bytes / bandwidth(node <- source)
+
+with the bandwidth of ``ClusterView.fetch_bandwidth`` (a pool) or ``ClusterView.tier_bandwidth``
+(a tierd's tier). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from services.scheduler.cluster import TIERD, ClusterView, NodeLoad
+from shared.kv.tiers import DRAM, LOWER_TIERS, NVME, S3
+from shared.rpc.types import PrefixHolder
+
+#: The tiers placement can pull from: a node's pool, a tierd's NVMe files and S3.
+PULLABLE_TIERS = (DRAM, NVME, S3)
+#: Among pulls that cost the same, the faster tier is preferred (less work at the source).
+_TIER_ORDER = {DRAM: 0, NVME: 1, S3: 2}
+
+#: A holder of cached blocks: (node id, tier).
+Holder = tuple[str, str]
+#: A pull worth pricing: (leading blocks cached after it, source, tier, fetch seconds). A
+#: plain tuple: placement makes one per holder length for every node it prices.
+Option = tuple[int, str, str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class HolderGroup:
+    """The sources holding exactly ``num_blocks`` usable leading blocks: pools by node id
+    (``node_ids`` sorted, ``members`` the same ids) and tierd tiers (``lower``, sorted)."""
+
+    num_blocks: int
+    node_ids: list[str]
+    members: frozenset[str]
+    lower: tuple[Holder, ...]
+
+
+def pullable(holders: Iterable[PrefixHolder], sources: Mapping[str, NodeLoad]) -> dict[Holder, int]:
+    """Leading blocks each live source holds, per (node, tier): a prefill or decode node's
+    pool, a tierd's lower tiers. Anything else (a dead node, a tierd's DRAM, a node's NVMe)
+    cannot be pulled."""
+    cached: dict[Holder, int] = {}
+    for h in holders:
+        source = sources.get(h.node_id)
+        if source is None or h.num_blocks <= 0:
+            continue
+        if h.tier not in (LOWER_TIERS if source.role == TIERD else (DRAM,)):
+            continue
+        key = (h.node_id, h.tier)
+        cached[key] = max(cached.get(key, 0), h.num_blocks)
+    return cached
+
+
+def holder_groups(cached: Mapping[Holder, int], limit: int) -> list[HolderGroup]:
+    """Holders grouped by how many usable blocks (at most ``limit``) they hold, fewest first
+    (computed once per placement, so pricing every node stays linear in the number of
+    nodes)."""
+    pools: dict[int, list[str]] = {}
+    lower: dict[int, list[Holder]] = {}
+    for (node_id, tier), count in cached.items():
+        blocks = min(count, limit)
+        if tier == DRAM:
+            pools.setdefault(blocks, []).append(node_id)
+        else:
+            lower.setdefault(blocks, []).append((node_id, tier))
+    groups = []
+    for blocks in sorted(pools.keys() | lower.keys()):
+        ids = sorted(pools.get(blocks, ()))
+        groups.append(
+            HolderGroup(blocks, ids, frozenset(ids), tuple(sorted(lower.get(blocks, ()))))
+        )
+    return groups
+
+
+def options(
+    node: NodeLoad, groups: Sequence[HolderGroup], limit: int, local: int, view: ClusterView
+) -> list[Option]:
+    """The pulls worth pricing for ``node``, which holds ``local`` leading blocks itself: for
+    each number of leading blocks beyond ``local``, only the cheapest pull of that many (ties:
+    the faster tier, then the lower id), since every other costs at least as much."""
+    out: list[Option] = []
+    if not groups or groups[-1].num_blocks <= local:
+        return out
+    transfer = view.fallback_bandwidth(node)
+    me = node.node_id
+    measured = {s: bw for s, bw in node.fetch_bandwidth.items() if bw > 0 and s != me}
+    block_bytes = view.block_bytes(node)
+    overhead = view.costs.pull_overhead_s
+    for group in groups:
+        remote = min(group.num_blocks, limit)
+        if remote <= local:
+            continue
+        missing = (remote - local) * block_bytes
+        # Inline, not a call: this runs for every holder length on every node priced.
+        # Unmeasured links all get the fallback: the lowest such id stands for them.
+        unmeasured = next((s for s in group.node_ids if s != me and s not in measured), None)
+        pool = None if unmeasured is None else (-transfer, unmeasured)
+        for source, bandwidth in measured.items():
+            if source in group.members and (pool is None or (-bandwidth, source) < pool):
+                pool = (-bandwidth, source)
+        if not group.lower:  # pools only, the common case: nothing else to compare
+            if pool is not None:
+                out.append((remote, pool[1], DRAM, overhead + missing / -pool[0]))
+            continue
+        best = None if pool is None else (overhead + missing / -pool[0], 0, pool[1], DRAM)
+        for tierd, tier in group.lower:
+            bandwidth = view.tier_bandwidth(node, tierd, tier, transfer)
+            fetch = overhead + view.costs.tier_latency_s(tier) + missing / bandwidth
+            candidate = (fetch, _TIER_ORDER[tier], tierd, tier)
+            if best is None or candidate < best:
+                best = candidate
+        if best is not None:
+            out.append((remote, best[2], best[3], best[0]))
+    return out

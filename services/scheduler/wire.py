@@ -1,0 +1,65 @@
+"""Translations between the wire messages and the scheduler's own types: a heartbeat into a
+``NodeLoad``, a placement into the ``PrefillTask`` a prefill node gets, a ``Prefetch`` into the
+``PrefetchRequest`` its tierd gets. Pure: no I/O."""
+
+from __future__ import annotations
+
+from services.scheduler.cluster import NodeLoad
+from services.scheduler.policy import Placement
+from services.scheduler.prefetch import Prefetch
+from shared.cluster_messages import NodeStatus, PrefetchRequest, PrefillTask, PullPlan
+from shared.messages import GenerateRequest
+
+#: Block hashes one ``PrefetchRequest`` may carry (the message's bound).
+MAX_PREFETCH_HASHES = 8192
+
+
+def node_load(status: NodeStatus, now: float) -> NodeLoad:
+    return NodeLoad(
+        node_id=status.node_id,
+        role=status.role,
+        queued_tokens=status.queued_tokens,
+        running_seqs=status.running_seqs,
+        free_blocks=status.free_blocks,
+        total_blocks=status.total_blocks,
+        block_size=status.block_size,
+        last_seen=now,
+        draining=status.draining,
+        model_id=status.model_id,
+        kv_dtype=status.kv_dtype,
+        block_bytes=status.block_bytes,
+        max_num_batched_tokens=status.max_num_batched_tokens,
+        fetch_bandwidth=dict(status.fetch_bandwidth),
+        epoch=status.epoch,
+        healthy=status.healthy,
+        finishing=tuple((left, kv) for left, kv in status.finishing_seqs),
+        host_id=status.host_id,
+        tiers={tier: (capacity, used) for tier, (capacity, used) in status.tiers.items()},
+        read_bandwidth=dict(status.read_bandwidth),
+    )
+
+
+def prefill_task(request: GenerateRequest, placement: Placement) -> PrefillTask:
+    return PrefillTask(
+        request=request,
+        decode_nodes=list(placement.decode_nodes),
+        pulls=[
+            PullPlan(
+                node_id=p.node_id, first_block=p.first_block, num_blocks=p.num_blocks, tier=p.tier
+            )
+            for p in placement.pulls
+        ],
+        predicted_ttft_s=placement.predicted_ttft_s,
+    )
+
+
+def prefetch_requests(prefetch: Prefetch) -> list[PrefetchRequest]:
+    """The requests that ask for ``prefetch``: its chain segment in order, cut where one
+    message's bound would be passed (each piece is a chain segment of its own)."""
+    hashes = prefetch.block_hashes
+    return [
+        PrefetchRequest(
+            block_hashes=list(hashes[i : i + MAX_PREFETCH_HASHES]), to_tier=prefetch.to_tier
+        )
+        for i in range(0, len(hashes), MAX_PREFETCH_HASHES)
+    ]

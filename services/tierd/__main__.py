@@ -1,0 +1,3 @@
+from services.tierd.main import main
+
+main()

@@ -1,0 +1,194 @@
+"""tierd settings, read once at start from ``CRESCENT_*`` variables."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal, Self
+from urllib.parse import urlsplit
+
+from botocore.exceptions import BotoCoreError
+from botocore.handlers import validate_bucket_name
+from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url, validate_region_name
+from pydantic import Field, PrivateAttr, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.tierd.s3 import S3Config
+from shared import subjects
+from shared.nats_auth import NatsAuthSettings
+from shared.secrets import (
+    CacheMetaTokenSettings,
+    CacheSecret,
+    cache_secret_field,
+    read_secret_file,
+    refused,
+)
+
+MB = 1 << 20
+
+
+class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
+    """One host's tier daemon: where its tiers are, how big, and how blocks move.
+
+    Invariant: after validation the tenant quotas are parsed and the S3 tier's configuration
+    (keys read from their files included) is complete, so a bad setting stops tierd at start
+    with a message naming the variable, never at its first sink or upload.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
+    )
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    host_id: str = Field(default="", description="this machine's name; default: hostname")
+    node_id: str = Field(default="", description="tierd's name; default: tierd-<host id>")
+    cachemeta_url: str = Field(default="127.0.0.1:50051", description="host:port of cachemeta")
+    transfer: Literal["ucx", "tcp"] = Field(default="ucx", description="KV transfer it serves")
+    transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
+    metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
+    metrics_host: str = "127.0.0.1"
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    cache_secret: CacheSecret = cache_secret_field(
+        "key of the per-tenant cache salts (names the tenants of CRESCENT_TENANT_QUOTAS_MB)"
+    )
+
+    nvme_dir: Path = Field(default=Path("nvme"), description="where the NVMe tier's files live")
+    nvme_capacity_mb: int = Field(default=10_240, ge=1, description="bytes the NVMe tier may use")
+    nvme_high_watermark: float = Field(
+        default=0.9, gt=0, le=1, description="NVMe use that starts moving blocks to S3"
+    )
+    nvme_low_watermark: float = Field(
+        default=0.75, gt=0, le=1, description="NVMe use a round of moves brings it down to"
+    )
+    nvme_fsync: bool = Field(
+        default=True, description="flush each block file to the device before it counts"
+    )
+
+    s3_endpoint: str = Field(default="", description="S3 server URL; empty: no S3 tier")
+    s3_bucket: str = "crescent"
+    s3_prefix: str = Field(default="kv", description="object keys start with this")
+    s3_region: str = "us-east-1"
+    s3_access_key: SecretStr | None = None
+    s3_access_key_file: Path | None = None
+    s3_secret_key: SecretStr | None = None
+    s3_secret_key_file: Path | None = None
+    s3_capacity_mb: int = Field(default=0, ge=0, description="bytes S3 may hold; 0: unbounded")
+    s3_concurrency: int = Field(default=8, ge=1, le=256, description="S3 requests in flight")
+
+    sink_watermark: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="share of a pool's blocks that may lack a lower-tier copy before tierd "
+        "takes the coldest down (0: every cached block goes down)",
+    )
+    sink_interval_s: float = Field(default=0.2, gt=0, description="how often pools are checked")
+    sink_batch: int = Field(default=32, ge=1, le=4096, description="blocks per sink request")
+    eviction_policy: Literal["lru", "lfu", "recompute", "crescent"] = "crescent"
+    block_ttl_s: float = Field(
+        default=7 * 86_400.0, gt=0, description="a block unused this long is deleted"
+    )
+    tenant_quota_mb: int = Field(
+        default=0, ge=0, description="bytes each tenant may hold below DRAM; 0: no quota"
+    )
+    tenant_quotas_mb: str = Field(
+        default="",
+        description="per-tenant quotas overriding the default: name=MB,name=MB (0: no quota)",
+    )
+    staging_mb: int = Field(
+        default=512, ge=16, description="memory for blocks read up and waiting to be pulled"
+    )
+    lease_ttl_s: float = Field(default=30.0, gt=0, description="read-up blocks wait this long")
+    _quotas: dict[str, int] = PrivateAttr(default_factory=dict)
+    _s3: S3Config | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.nvme_low_watermark > self.nvme_high_watermark:
+            raise refused("CRESCENT_NVME_LOW_WATERMARK must not exceed the high watermark")
+        self._quotas = _parse_quotas(self.tenant_quotas_mb)
+        self._s3 = self._build_s3_config()
+        return self
+
+    def resolved_host_id(self) -> str:
+        return subjects.host_id(self.host_id)
+
+    def resolved_node_id(self) -> str:
+        return subjects.check_token(self.node_id or f"tierd-{self.resolved_host_id()}", "node id")
+
+    def tenant_quotas(self) -> dict[str, int]:
+        """``CRESCENT_TENANT_QUOTAS_MB`` as tenant -> bytes."""
+        return dict(self._quotas)
+
+    def s3_config(self) -> S3Config | None:
+        """The S3 tier's configuration, None without ``CRESCENT_S3_ENDPOINT``."""
+        return self._s3
+
+    def _build_s3_config(self) -> S3Config | None:
+        if not self.s3_endpoint:
+            return None
+        _check_s3_location(self.s3_endpoint, self.s3_bucket, self.s3_region)
+        return S3Config(
+            endpoint=self.s3_endpoint,
+            bucket=self.s3_bucket,
+            prefix=self.s3_prefix,
+            access_key=_secret(self.s3_access_key, self.s3_access_key_file, "S3_ACCESS_KEY"),
+            secret_key=_secret(self.s3_secret_key, self.s3_secret_key_file, "S3_SECRET_KEY"),
+            region=self.s3_region,
+            max_concurrency=self.s3_concurrency,
+        )
+
+
+def _check_s3_location(endpoint: str, bucket: str, region: str) -> None:
+    """Refuses, naming the variable, what the S3 client would refuse only when tierd first
+    reaches for S3, where a malformed endpoint looks like a server that is down."""
+    url = urlsplit(endpoint)
+    try:
+        url.port  # noqa: B018 -- parsing the port is the check
+        valid = is_valid_endpoint_url(endpoint) or is_valid_ipv6_endpoint_url(endpoint)
+    except ValueError:
+        valid = False
+    if url.scheme not in ("http", "https") or not valid:
+        # Not echoed: an endpoint may carry credentials.
+        raise refused("CRESCENT_S3_ENDPOINT must be an http:// or https:// URL with a host")
+    try:
+        validate_bucket_name({"Bucket": bucket})
+    except BotoCoreError:
+        raise refused(
+            f"CRESCENT_S3_BUCKET {bucket!r} is no bucket name: "
+            "1-255 letters, digits, '.', '-' or '_'"
+        ) from None
+    try:
+        validate_region_name(region)
+    except BotoCoreError:
+        raise refused(f"CRESCENT_S3_REGION {region!r} is no region name") from None
+
+
+def _parse_quotas(raw: str) -> dict[str, int]:
+    """``name=MB,name=MB`` as tenant -> bytes; a tenant is one word, named once (a tenant whose
+    name holds ``=`` or ``,`` cannot be given a quota of its own)."""
+    quotas: dict[str, int] = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        name, sep, size = item.partition("=")
+        name, size = name.strip(), size.strip()
+        if not sep or not name or not re.fullmatch(r"[0-9]+", size):
+            raise refused(f"CRESCENT_TENANT_QUOTAS_MB: {item!r} is not name=MB")
+        if any(c.isspace() for c in name):
+            raise refused(f"CRESCENT_TENANT_QUOTAS_MB: tenant {name!r} is not one word")
+        if name in quotas:
+            raise refused(f"CRESCENT_TENANT_QUOTAS_MB: tenant {name!r} is listed twice")
+        quotas[name] = int(size) * MB
+    return quotas
+
+
+def _secret(value: SecretStr | None, path: Path | None, name: str) -> str:
+    if value is not None and value.get_secret_value():
+        if path is not None:
+            raise refused(f"set CRESCENT_{name} or CRESCENT_{name}_FILE, not both")
+        return value.get_secret_value()
+    if path is None:
+        raise refused(f"an S3 endpoint needs CRESCENT_{name} or CRESCENT_{name}_FILE")
+    try:
+        return read_secret_file(path, f"the file CRESCENT_{name}_FILE names")
+    except ValueError as exc:
+        raise refused(str(exc)) from None

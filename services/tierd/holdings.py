@@ -1,0 +1,168 @@
+"""What tierd holds below DRAM, as its policies see it: every block, the tiers it is in, how
+it is used, and whose quota it counts against. Pure bookkeeping, no I/O, so the simulator can
+drive it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from services.tierd.policy import BlockInfo, EvictionPolicy, chain_depths
+from shared.kv.block_file import BlockHeader
+
+NVME, S3 = "nvme", "s3"
+#: The tiers below DRAM, fastest first: blocks move down this list and are read up it.
+TIERS = (NVME, S3)
+
+
+@dataclass(slots=True)
+class Held:
+    """One block below DRAM: its header, the tiers holding a copy, and its use."""
+
+    header: BlockHeader
+    tiers: set[str] = field(default_factory=set)
+    last_access: float = 0.0
+    access_count: int = 0
+
+
+class Holdings:
+    """Owns the metadata of every block tierd holds, and each tenant's bytes.
+
+    Invariants: a block is in ``blocks`` iff some tier holds it; ``quota_used[k]`` is the sum
+    of ``num_bytes`` over the blocks of quota key ``k`` (each block once, however many tiers
+    hold it), and keys with no bytes held are absent. Victims and expired blocks are chosen so
+    that no held block loses a block of its prefix (a read stops at the first gap).
+    """
+
+    def __init__(self, policy: EvictionPolicy) -> None:
+        self.policy = policy
+        self.blocks: dict[bytes, Held] = {}
+        self.quota_used: dict[bytes, int] = {}
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self.blocks
+
+    def tiers_of(self, block_hash: bytes) -> set[str]:
+        held = self.blocks.get(block_hash)
+        return set(held.tiers) if held is not None else set()
+
+    def add(self, header: BlockHeader, tier: str, now: float) -> None:
+        """Records a copy in ``tier``; a block new to tierd starts as just used."""
+        held = self.blocks.get(header.block_hash)
+        if held is None:
+            held = self.blocks[header.block_hash] = Held(header, last_access=now)
+            key = header.quota_key
+            if header.num_bytes > 0:
+                self.quota_used[key] = self.quota_used.get(key, 0) + header.num_bytes
+        held.tiers.add(tier)
+
+    def remove(self, block_hash: bytes, tier: str) -> bool:
+        """Forgets the copy in ``tier``; True if that was the block's last copy."""
+        held = self.blocks.get(block_hash)
+        if held is None or tier not in held.tiers:
+            return False
+        held.tiers.discard(tier)
+        if held.tiers:
+            return False
+        del self.blocks[block_hash]
+        key = held.header.quota_key
+        left = self.quota_used.get(key, 0) - held.header.num_bytes
+        if left > 0:
+            self.quota_used[key] = left
+        else:
+            self.quota_used.pop(key, None)
+        return True
+
+    def touch(self, block_hashes: Iterable[bytes], now: float) -> None:
+        for block_hash in block_hashes:
+            held = self.blocks.get(block_hash)
+            if held is not None:
+                held.last_access = max(held.last_access, now)
+                held.access_count += 1
+
+    def bytes_in(self, tier: str) -> int:
+        return sum(h.header.num_bytes for h in self.blocks.values() if tier in h.tiers)
+
+    def victims(
+        self,
+        need_bytes: int,
+        now: float,
+        *,
+        tier: str | None = None,
+        quota_key: bytes | None = None,
+    ) -> list[bytes]:
+        """Blocks to evict, first first, freeing at least ``need_bytes``: among those in
+        ``tier`` (any tier when None) and of ``quota_key`` (any tenant when None), as the
+        policy ranks them, chains cut from the tail. Within a tier, a block whose only copy is
+        there is no victim while a block it leads to is held in a faster tier: dropping it would
+        cut that block off from its prefix. (NVMe's victims move down to S3 and stay held, so
+        what S3 holds of a chain protects nothing on NVMe.)"""
+        infos = self._infos(tier)
+        return self.policy.victims(infos, need_bytes, now, quota_key=quota_key)
+
+    def over_quota(self, quota_key: bytes, incoming_bytes: int, quota_bytes: int) -> int:
+        """Bytes the tenant must give up before ``incoming_bytes`` more fit its quota."""
+        return max(self.quota_used.get(quota_key, 0) + incoming_bytes - quota_bytes, 0)
+
+    def expired(self, now: float, ttl_s: float) -> list[bytes]:
+        """Blocks unused for longer than ``ttl_s`` and leading to no block still in use,
+        deepest first (a chain's tail goes before its head, so no gap opens in what stays)."""
+        depths = self._depths()
+        children = self._children()
+        gone: set[bytes] = set()
+        for block_hash in sorted(self.blocks, key=lambda h: -depths.get(h, 0)):
+            held = self.blocks[block_hash]
+            if now - held.last_access > ttl_s and children.get(block_hash, set()) <= gone:
+                gone.add(block_hash)
+        return sorted(gone, key=lambda h: (-depths.get(h, 0), h))
+
+    def _depths(self) -> dict[bytes, int]:
+        return chain_depths({h: held.header.parent_hash for h, held in self.blocks.items()})
+
+    def _children(self) -> dict[bytes, set[bytes]]:
+        children: dict[bytes, set[bytes]] = {}
+        for block_hash, held in self.blocks.items():
+            parent = held.header.parent_hash
+            if parent in self.blocks and parent != block_hash:
+                children.setdefault(parent, set()).add(block_hash)
+        return children
+
+    def _pinned(self, tier: str, depths: dict[bytes, int]) -> set[bytes]:
+        """The blocks held only in ``tier`` that lead to a block held in a faster tier."""
+        faster = set(TIERS[: TIERS.index(tier)]) if tier in TIERS else set()
+        if not faster:
+            return set()
+        children = self._children()
+        pinned: set[bytes] = set()
+        for block_hash in sorted(self.blocks, key=lambda h: -depths.get(h, 0)):
+            if self.blocks[block_hash].tiers != {tier}:
+                continue
+            kids = children.get(block_hash, set())
+            if any(k in pinned or self.blocks[k].tiers & faster for k in kids):
+                pinned.add(block_hash)
+        return pinned
+
+    def _infos(self, tier: str | None) -> dict[bytes, BlockInfo]:
+        # Depths over every block held, so a chain whose head moved to another tier still
+        # prices its tail as deep.
+        depths = self._depths()
+        pinned = self._pinned(tier, depths) if tier is not None else set()
+        chosen = {
+            h: held
+            for h, held in self.blocks.items()
+            if (tier is None or tier in held.tiers) and h not in pinned
+        }
+        return {
+            h: BlockInfo(
+                block_hash=h,
+                parent_hash=held.header.parent_hash,
+                num_bytes=held.header.num_bytes,
+                depth=depths.get(h, 0),
+                created_at=held.header.created_at,
+                last_access=held.last_access,
+                access_count=held.access_count,
+                quota_key=held.header.quota_key,
+            )
+            for h, held in chosen.items()
+        }

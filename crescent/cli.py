@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from crescent import generate, up
 
-SERVICES = ("gateway", "scheduler", "prefill", "decode")
+SERVICES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
 
 class _OneLineParser(argparse.ArgumentParser):

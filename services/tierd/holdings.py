@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.tierd.policy import BlockInfo, EvictionPolicy, chain_depths
+from services.tierd.policy import BlockInfo, EvictionPolicy, admits, chain_depths
 from shared.kv.block_file import BlockHeader
 
 NVME, S3 = "nvme", "s3"
@@ -100,6 +100,28 @@ class Holdings:
         what S3 holds of a chain protects nothing on NVMe.)"""
         infos = self._infos(tier)
         return self.policy.victims(infos, need_bytes, now, quota_key=quota_key)
+
+    def admits(self, header: BlockHeader, victims: list[bytes], now: float) -> bool:
+        """Whether the policy ranks a new block above every block it would displace (an
+        admission test: a cold block must not push out hot ones)."""
+        rank = getattr(self.policy, "rank", None)
+        if rank is None or not victims:
+            return True
+        depths = self._depths()
+        parent = header.parent_hash
+        candidate = BlockInfo(
+            block_hash=header.block_hash,
+            parent_hash=parent,
+            num_bytes=header.num_bytes,
+            depth=depths[parent] + 1 if parent in self.blocks else 0,
+            created_at=now,
+            last_access=now,
+            access_count=0,  # as a block new to tierd starts (``add``)
+            quota_key=header.quota_key,
+        )
+        infos = self._infos(None)
+        displaced = [infos[h] for h in victims if h in infos]
+        return admits(self.policy, candidate, displaced, now)  # type: ignore[arg-type]
 
     def over_quota(self, quota_key: bytes, incoming_bytes: int, quota_bytes: int) -> int:
         """Bytes the tenant must give up before ``incoming_bytes`` more fit its quota."""

@@ -141,7 +141,7 @@ class Tiering:
         if not await self._fit_quota(header.quota_key, header.num_bytes):
             self.counters.refused += 1
             return False
-        if not await self._room_on_nvme(size):
+        if not await self._room_on_nvme(size, header):
             self.counters.refused += 1
             return False
         try:
@@ -166,15 +166,20 @@ class Tiering:
             await self.delete(victims, "quota")
         return self.holdings.over_quota(quota_key, num_bytes, quota) == 0
 
-    async def _room_on_nvme(self, size: int) -> bool:
-        """Frees NVMe for ``size`` more bytes: down to S3, or (without an S3 tier) deleted;
-        nothing leaves NVMe while a configured S3 is down."""
+    async def _room_on_nvme(self, size: int, incoming: BlockHeader | None = None) -> bool:
+        """Frees NVMe for ``size`` more bytes: down to S3, or (without an S3 tier) deleted if
+        the policy admits ``incoming`` over them; nothing leaves NVMe while a configured S3
+        is down."""
         while self.nvme.free_bytes < size:
             need = size - self.nvme.free_bytes
             victims = self.holdings.victims(need, self.clock(), tier=NVME)
             if not victims:
                 return False
             if self.s3 is None:
+                if incoming is not None and not self.holdings.admits(
+                    incoming, victims, self.clock()
+                ):
+                    return False
                 await self.delete(victims, "capacity")
             elif not self.s3_usable or not await self.move_down(victims):
                 return False
@@ -261,15 +266,18 @@ class Tiering:
         if not block_hashes:
             return 0
         await self.catalogue.drop(tier, block_hashes)  # a failure leaves a resync pending
-        gone = 0
+        gone = deleted = 0
         for block_hash in block_hashes:
             try:
                 await (self.nvme if tier == NVME else self._s3()).delete(block_hash)
             except S3Unavailable as exc:
-                self.s3_failed(exc)  # the object stays; the bucket's next scan finds it
+                # The object stays, unlisted and still held here: it serves reads, and the
+                # resync the failed row drop (or the next start) leaves pending lists it.
+                self.s3_failed(exc)
                 continue
+            deleted += 1
             gone += self.holdings.remove(block_hash, tier)
-        self.counters.deleted[reason] = self.counters.deleted.get(reason, 0) + len(block_hashes)
+        self.counters.deleted[reason] = self.counters.deleted.get(reason, 0) + deleted
         return gone
 
     def _s3(self) -> S3Store:

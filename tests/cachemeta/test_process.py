@@ -74,7 +74,7 @@ def test_process_serves_restarts_and_stops_on_sigterm(
     proc = start(env, log)
     try:
         wait_healthy(ops, proc, log)
-        assert bg_loop.run(client.register_blocks("n1", "disk", blocks)) == 6
+        assert bg_loop.run(client.register_blocks("n1", "nvme", blocks)) == 6
         status, metrics = get(f"{ops}/metrics")
         assert status == 200
         assert "crescent_cachemeta_replicas 6.0" in metrics
@@ -85,7 +85,7 @@ def test_process_serves_restarts_and_stops_on_sigterm(
         proc = start(env, log)
         wait_healthy(ops, proc, log)
         found = bg_loop.run(client.match_prefix(hashes(blocks)))
-        assert found == [PrefixHolder("n1", "disk", 6)]
+        assert found == [PrefixHolder("n1", "nvme", 6)]
         assert "index loaded: 6 replicas of 1 holders" in log.read_text()
         assert stop(proc) == 0
     finally:

@@ -203,3 +203,20 @@ def test_the_gateway_refuses_by_itself_while_every_scheduler_reports_an_overload
         assert dispatcher.overloaded() is None
 
     run(scenario)
+
+
+def test_a_bus_reconnection_reaches_each_flight_once() -> None:
+    async def scenario() -> None:
+        bus = MemoryBus()
+        await Scheduler(bus.client()).start()
+        dispatcher = Dispatcher(bus, "gw")
+        flight = Flight.of(dispatcher, [request("r-0"), request("r-1")])
+        await flight.start()
+        assert flight.reconnected_at is None
+        # One flight listens under both its choices' ids; flights are not hashable.
+        await dispatcher._on_reconnect()
+        assert flight.reconnected_at is not None
+        flight.close()
+        await dispatcher.drain()
+
+    run(scenario)

@@ -41,7 +41,7 @@ CACHE_DECIDES = (
 
 def test_a_prompt_cached_on_a_busy_node_is_pulled_from_it() -> None:
     async def scenario() -> None:
-        index = FakeCacheMeta([PrefixHolder("A", "dram", 62), PrefixHolder("A", "disk", 62)])
+        index = FakeCacheMeta([PrefixHolder("A", "dram", 62), PrefixHolder("A", "nvme", 62)])
         async with scheduler(index) as h:
             await h.nodes(*LOAD_FORCED)
             reply = await h.send(generate("r-pull"))

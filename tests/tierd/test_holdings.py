@@ -295,3 +295,21 @@ def test_ttl_keeps_a_head_whose_tail_is_still_in_use() -> None:
     held.add(header("u1", "o0"), NVME, now=150)
     held.add(header("x1", "o0"), NVME, now=0)
     assert names(held.expired(now=200, ttl_s=60)) == ["o3", "o2", "o1", "x1", "other"]
+
+
+def test_admission_keeps_a_cold_newcomer_from_displacing_hot_blocks() -> None:
+    lfu = Holdings(LfuPolicy())
+    for block in chain("hot", 2):
+        lfu.add(block, NVME, 0.0)
+    lfu.touch([h("hot0"), h("hot1")], 1.0)  # read again since they came
+    newcomer = header("new")
+    victims = lfu.victims(100, 2.0, tier=NVME)
+    assert names(victims) == ["hot1"]
+    # LFU: never read, it ranks below a block read once, so it may not push that one out.
+    assert not lfu.admits(newcomer, victims, 2.0)
+    assert lfu.admits(newcomer, [], 2.0)  # nothing displaced: always
+    # LRU: the newcomer is the most recent, so it displaces the least recent.
+    lru = Holdings(LruPolicy())
+    for block in chain("old", 2):
+        lru.add(block, NVME, 0.0)
+    assert lru.admits(newcomer, lru.victims(100, 2.0, tier=NVME), 2.0)

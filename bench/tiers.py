@@ -1,0 +1,249 @@
+"""Time to first token of a cached prefix served from each tier, against recomputing it.
+
+Two `crescent up --with-s3` stacks, one after the other in one run:
+- **nvme**: NVMe large enough to keep everything. A prompt of 1K and one of 2K tokens are
+  asked cold (recomputed) and again at once (the pool); then other prompts push them out of
+  every pool, and they are asked a third time: from NVMe.
+- **s3**: NVMe's watermarks at zero, so tierd moves every block on to S3 as soon as it has it;
+  the same prompts, pushed out of the pools, come back from S3.
+
+Beside each tier's time: the read bandwidth the node and tierd measured for it, and the raw
+speed of the same bytes read with nothing in between (the files with plain reads, the objects
+with concurrent GETs) — the limit a tier's reads can approach.
+
+    .venv/bin/python bench/tiers.py [--lengths 1024 2048] [--reps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import concurrent.futures
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from openai import OpenAI
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.chaos import Beats
+from bench.faults import Stack, collect_logs
+from bench.tier_probe import TierProbe, chain_of
+from crescent.s3_server import BUCKET
+from shared.model.files import resolve_model
+from shared.model.tokenizer import Tokenizer
+
+API_KEY = "bench-tiers"
+BLOCK_TOKENS = 32
+WORDS = [
+    "alpha",
+    "brisk",
+    "cedar",
+    "dune",
+    "ember",
+    "fjord",
+    "grove",
+    "heron",
+    "inlet",
+    "juniper",
+    "kelp",
+    "lark",
+]
+
+
+def text_of(label: str, tokens: int, tok: Tokenizer) -> str:
+    """A prompt of ``tokens`` tokens (or one or two fewer) that starts with ``label``."""
+    rng = random.Random(label)
+    words = [f"[{label}]"]
+    while True:
+        words.append(rng.choice(WORDS))
+        if len(tok.encode(" ".join(words))) >= tokens:
+            return " ".join(words[:-1])
+
+
+@dataclass
+class Result:
+    ttft: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    cached: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    bandwidth: dict[str, float] = field(default_factory=dict)
+    raw: dict[str, float] = field(default_factory=dict)
+
+    def add(self, source: str, length: int, ttft: float, cached: int) -> None:
+        self.ttft.setdefault((source, length), []).append(ttft)
+        self.cached.setdefault((source, length), []).append(cached)
+
+
+class Client:
+    def __init__(self, stack: Stack) -> None:
+        self.api = OpenAI(base_url=stack.base_url, api_key=API_KEY, max_retries=0, timeout=600)
+        self.model = self.api.models.list().data[0].id
+
+    def ttft(self, prompt: str) -> tuple[float, int, dict[str, int]]:
+        """Seconds to the first token, cached tokens and their split by tier."""
+        started = time.perf_counter()
+        first, usage = 0.0, None
+        stream = self.api.completions.create(
+            model=self.model,
+            prompt=prompt,
+            max_tokens=2,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text and not first:
+                first = time.perf_counter() - started
+            usage = chunk.usage or usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        details = usage.prompt_tokens_details
+        by_tier = (details.model_extra or {}).get("cached_tokens_by_tier", {})
+        return first, details.cached_tokens or 0, by_tier
+
+
+def stack_env(cache_dir: Path, extra: dict[str, str]) -> dict[str, str]:
+    return {
+        "CRESCENT_CACHE_DIR": str(cache_dir),
+        "CRESCENT_KV_CACHE_MB": "160",
+        "CRESCENT_API_KEYS": f"{API_KEY}:bench",
+        "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
+        "UCX_NET_DEVICES": "lo",
+        "UCX_WARN_UNUSED_ENV_VARS": "n",
+    } | extra
+
+
+def wait_below(probe: TierProbe, label: str, tier: str, blocks: int, tok: Tokenizer) -> None:
+    """Until the prompt's first ``blocks`` blocks are in ``tier`` and in no pool."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        held = probe.nvme_headers() if tier == "nvme" else probe.s3_headers()
+        chain = chain_of(f"[{label}]", held, tok)[:blocks]
+        in_pools = {h for h, _, t in probe.rows() if t == "dram"}
+        if len(chain) == blocks and not in_pools & set(chain):
+            return
+        time.sleep(1)
+    raise SystemExit(f"{label} never reached {tier} alone\n{collect_logs(probe.data_dir)}")
+
+
+def flood(client: Client, rep: int, tier: str, lengths: list[int], tok: Tokenizer) -> None:
+    """Pushes earlier prompts out of every pool: new prompts filling them twice over."""
+    for i in range(4):
+        client.ttft(text_of(f"flood-{tier}-{rep}-{i}", max(lengths), tok))
+
+
+def run_stack(tier: str, lengths: list[int], reps: int, cache_dir: Path, result: Result) -> None:
+    extra = {"CRESCENT_NVME_CAPACITY_MB": "4096"}
+    if tier == "s3":
+        # Watermarks below one block: every block moves on to S3 as soon as tierd has it.
+        extra |= {"CRESCENT_NVME_HIGH_WATERMARK": "1e-5", "CRESCENT_NVME_LOW_WATERMARK": "1e-5"}
+    data_dir = Path(tempfile.mkdtemp(prefix=f"crescent-bench-tiers-{tier}-"))
+    stack = Stack.start(data_dir, stack_env(cache_dir, extra), ["--with-s3"])
+    tok = Tokenizer.from_dir(resolve_model(None, cache_dir).path)
+    probe = TierProbe(data_dir)
+    beats = Beats()
+    try:
+        asyncio.run(beats.start(stack))
+        client = Client(stack)
+        client.ttft(text_of(f"warm-{tier}", 64, tok))
+        for rep in range(reps):
+            prompts = {
+                n: (f"{tier}-{rep}-{n}", text_of(f"{tier}-{rep}-{n}", n, tok)) for n in lengths
+            }
+            for n, (_, text) in prompts.items():
+                ttft, _, _ = client.ttft(text)
+                result.add("recompute", n, ttft, 0)
+                ttft, cached, _ = client.ttft(text)
+                result.add("pool", n, ttft, cached)
+            flood(client, rep, tier, lengths, tok)
+            for n, (label, text) in prompts.items():
+                wait_below(probe, label, tier, n // BLOCK_TOKENS - 1, tok)
+                ttft, cached, by_tier = client.ttft(text)
+                result.add(tier, n, ttft, by_tier.get(tier, 0))
+                print(f"{tier} {n}: ttft {ttft:.3f} s, cached {cached} {by_tier}", flush=True)
+        measured(beats, tier, result)
+        result.raw[tier] = raw_speed(probe, tier)
+    finally:
+        stack.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measured(beats: Beats, tier: str, result: Result) -> None:
+    """The bandwidths the stack measured for ``tier``: tierd's reads, the prefill node's
+    fetches (through tierd, or straight from the files: the faster is reported)."""
+    for _, status in beats.latest.values():
+        if status.role == "tierd" and tier in status.read_bandwidth:
+            result.bandwidth[f"tierd reads {tier}"] = status.read_bandwidth[tier]
+        if status.role == "prefill":
+            for key, rate in status.fetch_bandwidth.items():
+                if key.endswith(f"-{tier}"):
+                    result.bandwidth[f"prefill node fetches {tier}"] = rate
+
+
+def raw_speed(probe: TierProbe, tier: str) -> float:
+    """Bytes/s of reading every stored block of ``tier`` with nothing in between."""
+    started, num_bytes = time.perf_counter(), 0
+    if tier == "nvme":
+        for path in probe.nvme_dir.glob("*/*.blk"):
+            with open(path, "rb", buffering=0) as f:
+                num_bytes += len(f.read())
+    else:
+        s3 = probe.s3()
+        keys = probe.s3_keys()
+        started = time.perf_counter()
+
+        def get(key: str) -> int:
+            return len(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            num_bytes = sum(pool.map(get, keys))
+    return num_bytes / (time.perf_counter() - started)
+
+
+def report(result: Result, lengths: list[int]) -> None:
+    table = Table(title="Time to first token of a cached prefix, by where it is served from")
+    for col in ("prompt", "source", "median TTFT s", "cached tokens", "vs recompute"):
+        table.add_column(col, justify="right")
+    for n in lengths:
+        base = sorted(result.ttft[("recompute", n)])[len(result.ttft[("recompute", n)]) // 2]
+        for source in ("recompute", "pool", "nvme", "s3"):
+            values = sorted(result.ttft.get((source, n), []))
+            if not values:
+                continue
+            median = values[len(values) // 2]
+            cached = min(result.cached[(source, n)])
+            table.add_row(
+                str(n), source, f"{median:.3f}", str(cached), f"{base / median:.1f}x sooner"
+            )
+    Console().print(table)
+    bw = Table(title="Read bandwidth (MB/s): measured by the stack, and the raw speed")
+    for col in ("what", "MB/s"):
+        bw.add_column(col, justify="right")
+    for what, rate in sorted(result.bandwidth.items()):
+        bw.add_row(what, f"{rate / 1e6:.0f}")
+    for tier, rate in result.raw.items():
+        bw.add_row(f"raw {tier} (plain reads of the stored blocks)", f"{rate / 1e6:.0f}")
+    Console().print(bw)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--tiers", nargs="+", default=["nvme", "s3"], choices=["nvme", "s3"])
+    args = parser.parse_args()
+    cache_dir = Path(os.environ.get("CRESCENT_CACHE_DIR", Path.home() / ".cache" / "crescent"))
+    result = Result()
+    for tier in args.tiers:
+        run_stack(tier, args.lengths, args.reps, cache_dir, result)
+    report(result, args.lengths)
+
+
+if __name__ == "__main__":
+    main()

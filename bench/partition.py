@@ -47,8 +47,11 @@ def _ip(*args: str) -> None:
 @contextlib.contextmanager
 def namespace() -> Iterator[None]:
     """A network namespace joined to the host by a veth pair (host end ``HOST_IP``)."""
+    # What a run killed before its cleanup left behind.
     with contextlib.suppress(subprocess.CalledProcessError):
         _ip("netns", "del", NS)
+    with contextlib.suppress(subprocess.CalledProcessError):
+        _ip("link", "del", HOST_IF)
     _ip("netns", "add", NS)
     try:
         _ip("link", "add", HOST_IF, "type", "veth", "peer", "name", NODE_IF)

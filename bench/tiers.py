@@ -147,9 +147,7 @@ def run_stack(tier: str, lengths: list[int], reps: int, cache_dir: Path, result:
     stack = Stack.start(data_dir, stack_env(cache_dir, extra), ["--with-s3"])
     tok = Tokenizer.from_dir(resolve_model(None, cache_dir).path)
     probe = TierProbe(data_dir)
-    beats = Beats()
     try:
-        asyncio.run(beats.start(stack))
         client = Client(stack)
         client.ttft(text_of(f"warm-{tier}", 64, tok))
         for rep in range(reps):
@@ -167,16 +165,20 @@ def run_stack(tier: str, lengths: list[int], reps: int, cache_dir: Path, result:
                 ttft, cached, by_tier = client.ttft(text)
                 result.add(tier, n, ttft, by_tier.get(tier, 0))
                 print(f"{tier} {n}: ttft {ttft:.3f} s, cached {cached} {by_tier}", flush=True)
-        measured(beats, tier, result)
+        asyncio.run(measured(stack, tier, result))
         result.raw[tier] = raw_speed(probe, tier)
     finally:
         stack.stop()
         shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def measured(beats: Beats, tier: str, result: Result) -> None:
+async def measured(stack: Stack, tier: str, result: Result) -> None:
     """The bandwidths the stack measured for ``tier``: tierd's reads, the prefill node's
     fetches (through tierd, or straight from the files: the faster is reported)."""
+    beats = Beats()
+    await beats.start(stack)
+    await asyncio.sleep(2.0)  # a few heartbeats of every service
+    await beats.close()
     for _, status in beats.latest.values():
         if status.role == "tierd" and tier in status.read_bandwidth:
             result.bandwidth[f"tierd reads {tier}"] = status.read_bandwidth[tier]

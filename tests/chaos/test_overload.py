@@ -14,7 +14,10 @@ from bench.faults import Stack
 from bench.overload import Report, measure, render, stack_env
 
 pytestmark = pytest.mark.slow
-SLO_MS = 2000.0
+# Loose enough for machines without the AVX-512 kernels, where decode runs on torch's matmuls
+# and the gate's predictions (which stretch by the nodes' measured misses) run near 2 s for a
+# request that takes 1: what is tested is the gate's behaviour, not the machine's speed.
+SLO_MS = 4000.0
 
 
 @pytest.fixture(scope="module")

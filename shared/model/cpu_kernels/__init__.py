@@ -52,13 +52,17 @@ def load(cache_dir: Path) -> bool:
     global _loaded
     if _loaded is None:
         reason = _unsupported_reason()
+        # A machine the kernels do not support takes the torch path, which computes the same
+        # results, only slower: not worth a warning on every start (a CLI's stderr stays one
+        # line per error). A build that failed where they should work is.
+        level = logging.INFO
         if reason is None:
             try:
                 torch.ops.load_library(str(_built_library(cache_dir)))
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                reason = f"building them failed: {exc}"
+                reason, level = f"building them failed: {exc}", logging.WARNING
         if reason is not None:
-            log.warning("CPU kernels off, torch matmuls used instead: %s", reason)
+            log.log(level, "CPU kernels off, torch matmuls used instead: %s", reason)
         _loaded = reason is None
     return _loaded
 

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 
 from services.tierd.policy import BlockInfo, EvictionPolicy, admits, chain_depths
 from shared.kv.block_file import BlockHeader
+from shared.kv.tiers import LOWER_TIERS, NVME, S3
 
-NVME, S3 = "nvme", "s3"
+__all__ = ["NVME", "S3", "TIERS", "Held", "Holdings"]
 #: The tiers below DRAM, fastest first: blocks move down this list and are read up it.
-TIERS = (NVME, S3)
+TIERS = LOWER_TIERS
 
 
 @dataclass(slots=True)

@@ -21,7 +21,7 @@ from shared.bus import Bus, BusRequestError
 from shared.cluster_messages import CorruptBlocks, LeaseRelease, PinReply, PinRequest, PullPlan
 from shared.engine.cache_exchange import PrefixImport
 from shared.kv.hashing import BlockHash
-from shared.kv.tiers import DRAM, NVME, bandwidth_key
+from shared.kv.tiers import DRAM, LOWER_TIERS, NVME, S3, bandwidth_key
 from shared.node.direct import DirectReader
 from shared.node.engine_host import EngineHost
 from shared.node.puller import BlockPuller, PullSource
@@ -56,9 +56,9 @@ class FetchedPrefix:
     def tokens_by_tier(self, num_cached_tokens: int, block_size: int) -> dict[str, int]:
         """``num_cached_tokens`` split by tier: what came from below DRAM, the rest from a
         pool (this node's or a peer's)."""
-        split = {DRAM: 0, NVME: 0, "s3": 0}
+        split = {DRAM: 0, NVME: 0, S3: 0}
         left = num_cached_tokens
-        for tier in (NVME, "s3"):
+        for tier in LOWER_TIERS:
             split[tier] = min(left, self.blocks_by_tier.get(tier, 0) * block_size)
             left -= split[tier]
         split[DRAM] = left

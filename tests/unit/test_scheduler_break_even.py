@@ -27,8 +27,8 @@ from services.scheduler.policy import (
 from services.scheduler.timing import StepCoefficients, StepTimes, prefill_seconds
 from shared.kv.tiers import bandwidth_key
 from shared.rpc.types import PrefixHolder
+from tests.unit.scheduler_nodes import NOW, node
 
-NOW = 100.0
 COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=1e-7)
 COSTS = CostParams()
 BLOCK_BYTES = COSTS.default_block_bytes
@@ -37,18 +37,6 @@ BLOCKS = 63  # (2048 - 1) // 32: the last token is always computed
 TIERD = "tierd-h2"
 ABOVE, BELOW = 1.001, 0.999
 TIERS = ("nvme", "s3")
-
-
-def node(node_id: str, role: str, **load: object) -> NodeLoad:
-    values: dict[str, object] = {
-        "queued_tokens": 0,
-        "running_seqs": 0,
-        "free_blocks": 100,
-        "total_blocks": 100,
-        "block_size": 32,
-        "last_seen": NOW,
-    } | load
-    return NodeLoad(node_id=node_id, role=role, **values)  # type: ignore[arg-type]
 
 
 def cluster(prefill: NodeLoad, tierd: NodeLoad) -> ClusterView:

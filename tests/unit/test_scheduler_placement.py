@@ -22,23 +22,11 @@ from services.scheduler.policy import (
 )
 from services.scheduler.timing import StepCoefficients, StepTimes
 from shared.rpc.types import PrefixHolder
+from tests.unit.scheduler_nodes import NOW, node, placed
 
-NOW = 100.0
 COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=0.0)
 SMALL = PlacementRequest(num_prompt_tokens=64, max_tokens=64, request_id="r1")
 LONG = PlacementRequest(num_prompt_tokens=2000, max_tokens=16)
-
-
-def node(node_id: str, role: str, **load: object) -> NodeLoad:
-    values: dict[str, object] = {
-        "queued_tokens": 0,
-        "running_seqs": 0,
-        "free_blocks": 100,
-        "total_blocks": 100,
-        "block_size": 32,
-        "last_seen": NOW,
-    } | load
-    return NodeLoad(node_id=node_id, role=role, **values)  # type: ignore[arg-type]
 
 
 def view(*nodes: NodeLoad) -> ClusterView:
@@ -46,11 +34,6 @@ def view(*nodes: NodeLoad) -> ClusterView:
     for n in nodes:
         v.update(n)
     return v
-
-
-def placed(decision: Placement | Rejection) -> Placement:
-    assert isinstance(decision, Placement), decision
-    return decision
 
 
 def rejected(decision: Placement | Rejection) -> Rejection:

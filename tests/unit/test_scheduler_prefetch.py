@@ -12,18 +12,15 @@ import pytest
 
 from services.scheduler.policy import (
     ClusterView,
-    NodeLoad,
-    Placement,
     PlacementRequest,
     Pull,
-    Rejection,
     place,
 )
 from services.scheduler.prefetch import Prefetch, move_seconds, plan_prefetches
 from services.scheduler.timing import StepCoefficients, StepTimes
 from shared.rpc.types import PrefixHolder
+from tests.unit.scheduler_nodes import NOW, node, placed
 
-NOW = 100.0
 COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=0.0)
 BLOCK_BYTES = 32 * 46_080
 PROMPT = PlacementRequest(num_prompt_tokens=2048, max_tokens=16)  # 63 cacheable blocks
@@ -31,18 +28,6 @@ HASHES = [i.to_bytes(16, "big") for i in range(63)]
 TIERD = "tierd-h1"
 S3_HOLDER = [PrefixHolder(TIERD, "s3", 63)]
 DEFAULT_MOVE_S = 0.02 + 63 * BLOCK_BYTES / 2.5e8
-
-
-def node(node_id: str, role: str, **load: object) -> NodeLoad:
-    values: dict[str, object] = {
-        "queued_tokens": 0,
-        "running_seqs": 0,
-        "free_blocks": 100,
-        "total_blocks": 100,
-        "block_size": 32,
-        "last_seen": NOW,
-    } | load
-    return NodeLoad(node_id=node_id, role=role, **values)  # type: ignore[arg-type]
 
 
 def cluster(queued: int, **tierd: object) -> ClusterView:
@@ -54,11 +39,6 @@ def cluster(queued: int, **tierd: object) -> ClusterView:
     ):
         v.update(n)
     return v
-
-
-def placed(decision: Placement | Rejection) -> Placement:
-    assert isinstance(decision, Placement), decision
-    return decision
 
 
 def test_a_long_queue_moves_the_s3_blocks_to_nvme_meanwhile() -> None:

@@ -15,7 +15,6 @@ from services.scheduler.policy import (
     ClusterView,
     CostParams,
     NodeLoad,
-    Placement,
     Pull,
     Rejection,
     place,
@@ -23,8 +22,8 @@ from services.scheduler.policy import (
 from services.scheduler.timing import StepCoefficients, StepTimes, prefill_seconds
 from shared.kv.tiers import bandwidth_key, key_tier
 from shared.rpc.types import PrefixHolder
+from tests.unit.scheduler_nodes import NOW, node, placed
 
-NOW = 100.0
 COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=1e-7)
 BLOCK_BYTES = 32 * 46_080
 PROMPT = PlacementRequest(num_prompt_tokens=2048, max_tokens=16)  # 63 cacheable blocks
@@ -33,28 +32,11 @@ OVERHEAD_S = CostParams().pull_overhead_s
 LATENCY_S = {"nvme": 0.001, "s3": 0.02}
 
 
-def node(node_id: str, role: str, **load: object) -> NodeLoad:
-    values: dict[str, object] = {
-        "queued_tokens": 0,
-        "running_seqs": 0,
-        "free_blocks": 100,
-        "total_blocks": 100,
-        "block_size": 32,
-        "last_seen": NOW,
-    } | load
-    return NodeLoad(node_id=node_id, role=role, **values)  # type: ignore[arg-type]
-
-
 def view(*nodes: NodeLoad) -> ClusterView:
     v = ClusterView(3.0, timing=StepTimes(COEF))
     for n in nodes:
         v.update(n)
     return v
-
-
-def placed(decision: Placement | Rejection) -> Placement:
-    assert isinstance(decision, Placement), decision
-    return decision
 
 
 def recompute_s() -> float:

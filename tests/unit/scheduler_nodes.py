@@ -1,0 +1,27 @@
+"""Node loads and placement checks shared by the scheduler's placement tests."""
+
+from __future__ import annotations
+
+from services.scheduler.cluster import NodeLoad
+from services.scheduler.policy import Placement, Rejection
+
+#: The clock every node load was last seen at.
+NOW = 100.0
+
+
+def node(node_id: str, role: str, **load: object) -> NodeLoad:
+    """An idle node with 100 free blocks of 32 tokens, seen at ``NOW``; ``load`` overrides."""
+    values: dict[str, object] = {
+        "queued_tokens": 0,
+        "running_seqs": 0,
+        "free_blocks": 100,
+        "total_blocks": 100,
+        "block_size": 32,
+        "last_seen": NOW,
+    } | load
+    return NodeLoad(node_id=node_id, role=role, **values)  # type: ignore[arg-type]
+
+
+def placed(decision: Placement | Rejection) -> Placement:
+    assert isinstance(decision, Placement), decision
+    return decision

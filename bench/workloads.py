@@ -9,47 +9,48 @@ A workload maps every hash id to a deterministic block of ``tokens_per_block`` t
 trace's 512 tokens scaled down, 32 by default: one KV block of Crescent's default block size),
 so requests that share hash ids share exact token prefixes, and a CPU can serve them.
 
-Making the slice in ``bench/data/`` (the whole trace is not part of the repo):
+Making the slice in ``bench/data/`` from the whole trace (``crescent.traces.CONVERSATION_TRACE``):
 
-    .venv/bin/python bench/workloads.py SOURCE.jsonl bench/data/conversation_slice.jsonl
+    .venv/bin/python bench/workloads.py bench/data/conversation_trace.jsonl.gz \
+        bench/data/conversation_slice.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACE_BLOCK_TOKENS = 512
-TOKEN_LOW, TOKEN_HIGH = 100, 49_000  # inside SmolLM2's 49,152-token vocabulary
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from bench/
+
+from crescent.traces import (
+    TOKEN_HIGH,
+    TOKEN_LOW,
+    TraceRecord,
+    block_tokens,
+    conversation_key,
+    group_conversations,
+    load_trace,
+    prompt_for,
+    scaled,
+)
+
+__all__ = [
+    "TOKEN_HIGH",
+    "TOKEN_LOW",
+    "TraceRecord",
+    "block_tokens",
+    "conversation_key",
+    "group_conversations",
+    "load_trace",
+    "prompt_for",
+    "scaled",
+]
+
 DEFAULT_SLICE = Path(__file__).resolve().parent / "data" / "conversation_slice.jsonl"
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRecord:
-    timestamp_ms: int
-    input_length: int
-    output_length: int
-    hash_ids: tuple[int, ...]
-
-    @classmethod
-    def from_json(cls, line: str) -> TraceRecord:
-        d = json.loads(line)
-        ids = tuple(int(h) for h in d["hash_ids"])
-        return cls(int(d["timestamp"]), int(d["input_length"]), int(d["output_length"]), ids)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "timestamp": self.timestamp_ms,
-                "input_length": self.input_length,
-                "output_length": self.output_length,
-                "hash_ids": list(self.hash_ids),
-            }
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,25 +66,6 @@ class Turn:
 
 
 Conversation = list[Turn]
-
-
-def load_trace(path: Path) -> list[TraceRecord]:
-    with path.open() as f:
-        return [TraceRecord.from_json(line) for line in f if line.strip()]
-
-
-def conversation_key(record: TraceRecord) -> tuple[int, ...]:
-    """Turns of one conversation share their first two blocks (the first is a system prompt
-    every request shares); a one-block request is a conversation of its own."""
-    return record.hash_ids[:2] if len(record.hash_ids) > 1 else (-1, id(record))
-
-
-def group_conversations(records: Iterable[TraceRecord]) -> list[list[TraceRecord]]:
-    """Conversations in order of their first turn; turns in trace order."""
-    groups: dict[tuple[int, ...], list[TraceRecord]] = {}
-    for record in sorted(records, key=lambda r: r.timestamp_ms):
-        groups.setdefault(conversation_key(record), []).append(record)
-    return list(groups.values())
 
 
 def select_slice(
@@ -104,38 +86,6 @@ def select_slice(
             break
         chosen.extend(turns)
     return sorted(chosen, key=lambda r: r.timestamp_ms)
-
-
-def block_tokens(hash_id: int, n: int, seed: int = 0) -> tuple[int, ...]:
-    """``n`` token ids in [TOKEN_LOW, TOKEN_HIGH), the same for the same hash id and seed."""
-    ids: list[int] = []
-    counter = 0
-    while len(ids) < n:
-        digest = hashlib.blake2b(f"{seed}:{hash_id}:{counter}".encode(), digest_size=64).digest()
-        ids.extend(
-            TOKEN_LOW + int.from_bytes(digest[i : i + 4], "little") % (TOKEN_HIGH - TOKEN_LOW)
-            for i in range(0, len(digest), 4)
-        )
-        counter += 1
-    return tuple(ids[:n])
-
-
-def scaled(length: int, tokens_per_block: int) -> int:
-    """A trace token count in workload tokens, rounded up, at least 1."""
-    return max(1, -(-length * tokens_per_block // TRACE_BLOCK_TOKENS))
-
-
-def prompt_for(record: TraceRecord, tokens_per_block: int, seed: int = 0) -> tuple[int, ...]:
-    """The record's blocks in order, the last one cut to the scaled input length."""
-    length = min(
-        scaled(record.input_length, tokens_per_block), len(record.hash_ids) * tokens_per_block
-    )
-    ids: list[int] = []
-    for hash_id in record.hash_ids:
-        if len(ids) >= length:
-            break
-        ids.extend(block_tokens(hash_id, tokens_per_block, seed))
-    return tuple(ids[:length])
 
 
 def build_workload(

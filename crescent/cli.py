@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from crescent import generate, up
+from crescent.bench import options as bench_options
 
 SERVICES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
@@ -25,6 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_OneLineParser)
     generate.add_arguments(sub.add_parser("generate", help="generate text with the local engine"))
     up.add_arguments(sub.add_parser("up", help="run the whole stack on this machine"))
+    bench_options.add_arguments(
+        sub.add_parser("bench", help="measure an OpenAI-compatible server on a workload")
+    )
     serve = sub.add_parser("serve", help="run one service in this process")
     serve.add_argument("service", choices=SERVICES)
     hash_key = sub.add_parser(
@@ -56,6 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return generate.run(args)
     if args.command == "up":
         return up.run(args)
+    if args.command == "bench":
+        from crescent.bench.main import run as run_bench  # httpx, numpy, matplotlib: on use
+
+        return run_bench(args)
     if args.command == "hash-key":
         return _hash_key(args.tenant)
     if args.command == "serve":

@@ -27,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_arguments(sub.add_parser("generate", help="generate text with the local engine"))
     up.add_arguments(sub.add_parser("up", help="run the whole stack on this machine"))
     bench_options.add_arguments(
-        sub.add_parser("bench", help="measure an OpenAI-compatible server on a workload")
+        sub.add_parser(
+            "bench",
+            help="measure an OpenAI-compatible server on a workload",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
     )
     serve = sub.add_parser("serve", help="run one service in this process")
     serve.add_argument("service", choices=SERVICES)

@@ -208,6 +208,9 @@ def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None = N
     except BenchError as exc:
         console.print(f"[red]crescent bench: {exc}[/]", highlight=False)
         return 1
+    except KeyboardInterrupt:
+        sys.stderr.write("crescent bench: interrupted; nothing written\n")
+        return 130
     slo = Slo(opts.slo_ttft_ms, opts.slo_tpot_ms)
     summaries = {name: summarize(r.records, r.duration_s, slo) for name, r in runs.items()}
     ratio = ratios(*summaries.values()) if len(summaries) == 2 else None

@@ -119,13 +119,13 @@ class BenchOptions:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--base-url", default=DEFAULT_BASE_URL, help="the server's API (…/v1)")
-    p.add_argument("--model", help="model to ask for; default: the first the server lists")
-    p.add_argument("--api-key", help="bearer key; default: $OPENAI_API_KEY")
+    p.add_argument("--model", help="the model (None: the first the server lists)")
+    p.add_argument("--api-key", help="bearer key (None: $OPENAI_API_KEY)")
     w = p.add_argument_group("workload")
-    w.add_argument("--dataset", choices=DATASETS, default="multiturn")
+    w.add_argument("--dataset", choices=DATASETS, default="multiturn", help="what to send")
     w.add_argument("--trace", type=Path, default=CONVERSATION_TRACE, help="Mooncake-format")
     w.add_argument("--block-tokens", type=int, default=32, help="tokens per 512-token block")
-    w.add_argument("--num-requests", type=int, default=100)
+    w.add_argument("--num-requests", type=int, default=100, help="per target")
     w.add_argument("--seed", type=int, default=0, help="token ids and arrival times")
     w.add_argument("--input-len", type=int, default=256, help="synthetic: prompt tokens")
     w.add_argument("--output-len", type=int, default=32, help="synthetic: completion tokens")
@@ -142,10 +142,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     pace.add_argument("--timeout-s", type=float, default=600.0, help="per request")
     pace.add_argument("--warmup", type=int, default=1, help="unmeasured requests first")
     r = p.add_argument_group("results")
-    r.add_argument("--slo-ttft-ms", type=float, default=2000.0)
-    r.add_argument("--slo-tpot-ms", type=float, default=200.0)
-    r.add_argument("--out", type=Path, help="default: crescent-bench-<time>/")
-    r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="goodput's TTFT bound")
+    r.add_argument("--slo-tpot-ms", type=float, default=200.0, help="goodput's TPOT bound")
+    r.add_argument("--out", type=Path, help="results (None: crescent-bench-<time>/)")
+    r.add_argument("--no-plots", action="store_true", help="write no PNGs")
     c = p.add_argument_group("comparison")
     c.add_argument("--compare", action="store_true", help="two --target in alternating rounds")
     c.add_argument(
@@ -153,6 +153,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=URL[,model=M][,key_env=VAR][,cache=off]",
+        help="a server to compare (give two)",
     )
     c.add_argument("--rounds", type=int, default=4, help="rounds per target with --compare")
 

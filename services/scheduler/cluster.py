@@ -5,9 +5,12 @@ Pure: no I/O and no framework, so the simulator can build and drive one directly
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from services.scheduler.calibration import TtftCalibration
+from services.scheduler.decode_index import DecodeIndex
+from services.scheduler.index import PrefillClass, PrefillIndex
 from services.scheduler.inflight import Arrivals, InFlight
 from services.scheduler.timing import StepTimes
 from shared.kv.tiers import LOWER_TIER_SUFFIXES, NVME, S3, bandwidth_key
@@ -96,6 +99,8 @@ class ClusterView:
     them) and forgets the arrivals due by then (its own counts include them); a heartbeat with
     a new epoch (a restart) also forgets every arrival due there and every request its
     prefill node was computing. Every indexed request id is in exactly one ``Arrivals``.
+    ``prefill_index`` holds every prefill node as last updated; ``decode_index`` every decode
+    node unless it is out of date with ``timing`` (``decode_search`` brings it up to date).
     """
 
     heartbeat_timeout_s: float = 3.0
@@ -106,8 +111,11 @@ class ClusterView:
     _bandwidth_sum: tuple[float, int] = (0.0, 0)
     _arrivals: dict[str, Arrivals] = field(default_factory=dict)
     _by_request: dict[str, InFlight] = field(default_factory=dict)
+    prefill_index: PrefillIndex = field(default_factory=PrefillIndex)
+    decode_index: DecodeIndex = field(default_factory=DecodeIndex)
 
     def update(self, node: NodeLoad) -> None:
+        """Takes a node's heartbeat (a new ``NodeLoad``, or the same one with new values)."""
         old = self.nodes.get(node.node_id)
         node.finishing = tuple(sorted(node.finishing))
         self.nodes[node.node_id] = node
@@ -117,6 +125,36 @@ class ClusterView:
             self._forget_placed(node.node_id)
         elif node.node_id in self._arrivals:
             self._unindex(self._arrivals[node.node_id].drop_until(node.last_seen))
+        self._reindex(node)
+
+    def _reindex(self, node: NodeLoad) -> None:
+        if node.role == "prefill":
+            self.prefill_index.put(node, self.pricing_class(node))
+        else:
+            self.prefill_index.remove(node.node_id)
+        if node.role == "decode":
+            if self.decode_index.version == self.timing.version:
+                self.decode_index.put(node)
+        else:
+            self.decode_index.remove(node.node_id)
+
+    def pricing_class(self, node: NodeLoad) -> PrefillClass:
+        """What a prefill node's costs share with others beside its queue: tokens per step,
+        block size and block bytes."""
+        step = node.max_num_batched_tokens or self.costs.max_num_batched_tokens
+        return (step, node.block_size, self.block_bytes(node))
+
+    def decode_search(self) -> DecodeIndex:
+        """The decode index, rebuilt first if the role's shared step-time model changed."""
+        index = self.decode_index
+        if index.version != self.timing.version:
+            index = DecodeIndex(self.timing.version, self.timing.shared("decode"))
+            index.watermark = self.decode_index.watermark
+            for node in self.nodes.values():
+                if node.role == "decode":
+                    index.put(node)
+            self.decode_index = index
+        return index
 
     def _count_bandwidth(self, node: NodeLoad | None, sign: int) -> None:
         """Keeps the sum and count of every bandwidth measured from a peer's pool, so the
@@ -138,6 +176,16 @@ class ClusterView:
         """Nodes of ``role`` that may be given new work: alive, healthy, not draining."""
         return [n for n in self.live(role, now) if n.healthy and not n.draining]
 
+    def takes_work(self, node: NodeLoad, role: str, now: float, avoid: Collection[str]) -> bool:
+        """Whether ``node`` is one of ``targets(role, now)`` and not in ``avoid``."""
+        return (
+            node.role == role
+            and self.alive(node, now)
+            and node.healthy
+            and not node.draining
+            and node.node_id not in avoid
+        )
+
     def sources(self, now: float) -> list[NodeLoad]:
         """Nodes whose blocks may be pulled: every alive prefill or decode node (its pool),
         draining or unhealthy ones too (pins are served beside the engine's steps, not by
@@ -156,6 +204,8 @@ class ClusterView:
         ]
         for node_id in dead:
             self._count_bandwidth(self.nodes.pop(node_id), -1)
+            self.prefill_index.remove(node_id)
+            self.decode_index.remove(node_id)
             self.timing.forget(node_id)
             self.calibration.forget(node_id)
             self._forget_placed(node_id)
@@ -177,6 +227,7 @@ class ClusterView:
         prefill = self.nodes.get(entry.prefill_node)
         if prefill is not None:
             prefill.placed_tokens += entry.prefill_tokens
+            self._reindex(prefill)
         self._arrivals.setdefault(entry.decode_node, Arrivals()).add(entry)
 
     def withdraw(self, request_id: str) -> bool:
@@ -190,6 +241,7 @@ class ClusterView:
         # Tokens placed before the node's last heartbeat were reset by it.
         if prefill is not None and entry.placed_at > prefill.last_seen:
             prefill.placed_tokens = max(prefill.placed_tokens - entry.prefill_tokens, 0)
+            self._reindex(prefill)
         return True
 
     def _forget_placed(self, node_id: str) -> None:

@@ -23,15 +23,19 @@ from services.scheduler.costs import (
     PrefillCost,
     Pull,
     cheapest_prefill,
+    cost_on_node,
     cost_without_cache,
     prefill_costs,
 )
-from services.scheduler.forecast import DecodeForecast, blocks_needed, forecast, retry_after
+from services.scheduler.forecast import DecodeForecast, blocks_needed, retry_after
 from services.scheduler.inflight import InFlight
+from services.scheduler.ranking import best_decodes, rank_key
+from services.scheduler.sources import CommonPrefix
 from shared.rpc.types import PrefixHolder
 
 __all__ = [
     "ClusterView",
+    "CommonPrefix",
     "CostParams",
     "DecodeForecast",
     "NodeLoad",
@@ -42,6 +46,7 @@ __all__ = [
     "Rejection",
     "blocks_needed",
     "place",
+    "place_on",
     "place_round_robin",
     "prefill_costs",
     "rank_decodes",
@@ -105,19 +110,42 @@ def place(
     tbt_slo_s: float | None = None,
     avoid: Collection[str] = (),
     resumed: bool = False,
+    common: CommonPrefix | None = None,
 ) -> Placement | Rejection:
     """The cheapest prefill node and the ranked decode nodes for ``request``, none of them in
     ``avoid``; a 503 when a role has no node to take it, a 429 when even the cheapest TTFT
     exceeds ``slo_s`` or no decode node is predicted to meet ``tbt_slo_s`` with room (unless
     ``resumed``). ``holders`` is cachemeta's answer for the prompt's blocks (empty: place
-    without regard to caches)."""
+    without regard to caches); ``common`` the pools holding a prefix too widely held to list
+    (the same as listing each)."""
     terms = _Terms(slo_s, tbt_slo_s, avoid, resumed)
-    best = cheapest_prefill(request, view, holders, now, avoid)
+    best = cheapest_prefill(request, view, holders, now, avoid, common)
     if best is None:
         return Rejection("no prefill node is available", cause="no_prefill_node")
-    return _finish(
-        request, view, now, best, lambda: prefill_costs(request, view, holders, now, avoid), terms
-    )
+
+    def every_cost() -> list[PrefillCost]:
+        return prefill_costs(request, view, holders, now, avoid, common)
+
+    return _finish(request, view, now, best, every_cost, terms)
+
+
+def place_on(
+    request: PlacementRequest,
+    view: ClusterView,
+    node_id: str,
+    local_blocks: int,
+    now: float,
+    slo_s: float | None = None,
+    *,
+    tbt_slo_s: float | None = None,
+    avoid: Collection[str] = (),
+) -> Placement | Rejection:
+    """Prefill on ``node_id`` (chosen by some other rule: the benchmarks' baselines), which
+    computes all but the ``local_blocks`` its own pool holds and pulls nothing; decode nodes
+    and objectives as in ``place``."""
+    terms = _Terms(slo_s, tbt_slo_s, avoid, False)
+    cost = cost_on_node(request, view, view.nodes[node_id], local_blocks)
+    return _finish(request, view, now, cost, lambda: [cost], terms)
 
 
 def place_round_robin(
@@ -156,9 +184,6 @@ def _finish(
     """Checks the TTFT objective for the chosen prefill node, then ranks the decode nodes at
     the time its prefill should end. ``all_costs`` prices every candidate, which only a
     rejection's Retry-After needs."""
-    decodes = [n for n in view.targets("decode", now) if n.node_id not in terms.avoid]
-    if not decodes:
-        return Rejection("no decode node is available", cause="no_decode_node")
     slo_s = None if terms.resumed else terms.ttft_slo_s
     # The objective is checked against the prediction as the node's measured misses stretch it.
     expected_s = chosen.ttft_s * view.calibration.scale(chosen.node_id)
@@ -169,12 +194,15 @@ def _finish(
         )
         return Rejection(reason, 429, _retry_after(all_costs(), slo_s), cause="ttft_slo")
     at = now + chosen.ttft_s
-    ranked = rank_decodes([forecast(n, view, request, at) for n in decodes])
+    # Only the first few count: the candidates named, and a refusal's reason and retry.
+    ranked = best_decodes(request, view, now, at, MAX_DECODE_CANDIDATES, terms.avoid)
+    if not ranked:
+        return Rejection("no decode node is available", cause="no_decode_node")
     tbt_slo_s = None if terms.resumed else terms.tbt_slo_s
     if tbt_slo_s is not None:
         meeting = [f for f in ranked if _meets(f, tbt_slo_s)]
         if not meeting:
-            return _decode_rejection(request, view, decodes, ranked, tbt_slo_s)
+            return _decode_rejection(request, view, ranked, tbt_slo_s)
         ranked = meeting
     return Placement(
         prefill_node=chosen.node_id,
@@ -193,13 +221,7 @@ def rank_decodes(forecasts: Sequence[DecodeForecast]) -> list[DecodeForecast]:
     then id); after them those without room, fewest sequences first (the request would queue
     there rather than fail)."""
 
-    return sorted(forecasts, key=_rank_key)
-
-
-def _rank_key(f: DecodeForecast) -> tuple[int, float, int, str]:
-    if f.fits:
-        return (0, f.tbt_s, f.seqs, f.node_id)
-    return (1, float(f.seqs), 0, f.node_id)
+    return sorted(forecasts, key=rank_key)
 
 
 def _meets(f: DecodeForecast, tbt_slo_s: float) -> bool:
@@ -209,19 +231,17 @@ def _meets(f: DecodeForecast, tbt_slo_s: float) -> bool:
 def _decode_rejection(
     request: PlacementRequest,
     view: ClusterView,
-    decodes: Sequence[NodeLoad],
     ranked: Sequence[DecodeForecast],
     tbt_slo_s: float,
 ) -> Rejection:
     """Every decode node is predicted too slow or too full when the prefill would end
-    (``ranked``: their forecasts, best first)."""
+    (``ranked``: the best forecasts, best first)."""
     if any(f.fits for f in ranked):
         cause, what = "tbt_slo", f"a time between tokens over {tbt_slo_s * 1000:.0f} ms"
     else:
         cause, what = "kv_full", "no room for its KV cache"
     # Only the most promising few are forecast again: a refusal must stay cheap under load.
-    best = {f.node_id for f in ranked[:MAX_DECODE_CANDIDATES]}
-    nodes = [n for n in decodes if n.node_id in best]
+    nodes = [view.nodes[f.node_id] for f in ranked[:MAX_DECODE_CANDIDATES]]
     retry = retry_after(nodes, view, request, ranked[0].at, lambda f: _meets(f, tbt_slo_s))
     reason = (
         f"Every decode node is predicted to have {what} when this request's prefill ends; "

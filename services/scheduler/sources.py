@@ -11,8 +11,9 @@ with the bandwidth of ``ClusterView.fetch_bandwidth`` (a pool) or ``ClusterView.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from services.scheduler.cluster import TIERD, ClusterView, NodeLoad
 from shared.kv.tiers import DRAM, LOWER_TIERS, NVME, S3
@@ -30,15 +31,73 @@ Holder = tuple[str, str]
 Option = tuple[int, str, str, float]
 
 
+class CommonPrefix(Protocol):
+    """Pools holding the first ``num_blocks`` blocks of a prompt, given without a holder per
+    pool (the blocks nearly every prompt and every pool share, a system prompt say): the same
+    as ``PrefixHolder(node_id, DRAM, num_blocks)`` for every node ``holds`` accepts."""
+
+    @property
+    def num_blocks(self) -> int: ...
+
+    def holds(self, node_id: str) -> bool: ...
+
+    def ascending(self) -> Iterable[str]:
+        """Every node ``holds`` accepts (others may come too), lowest id first."""
+        ...
+
+
+class CommonMembers:
+    """The pools of a ``CommonPrefix`` a placement may pull from (``accept``: live, not to be
+    avoided, not listed as holders of their own), found lazily, lowest id first. Invariant:
+    ``_found`` is the accepted holders among the ids ``_rest`` has given, in order."""
+
+    __slots__ = ("_found", "_rest", "accept", "prefix")
+
+    def __init__(self, prefix: CommonPrefix, accept: Callable[[str], bool]) -> None:
+        self.prefix, self.accept = prefix, accept
+        self._found: list[str] = []
+        self._rest: Iterator[str] = iter(prefix.ascending())
+
+    def has(self, node_id: str) -> bool:
+        return self.accept(node_id) and self.prefix.holds(node_id)
+
+    def first_except(self, skip: Callable[[str], bool]) -> str | None:
+        """The lowest id among the members that ``skip`` does not reject."""
+        at = 0
+        while True:
+            if at == len(self._found):
+                found = next((s for s in self._rest if self.has(s)), None)
+                if found is None:
+                    return None
+                self._found.append(found)
+            if not skip(self._found[at]):
+                return self._found[at]
+            at += 1
+
+
 @dataclass(frozen=True, slots=True)
 class HolderGroup:
     """The sources holding exactly ``num_blocks`` usable leading blocks: pools by node id
-    (``node_ids`` sorted, ``members`` the same ids) and tierd tiers (``lower``, sorted)."""
+    (``node_ids`` sorted, ``members`` the same ids), tierd tiers (``lower``, sorted) and the
+    pools of a common prefix not listed on their own (``common``)."""
 
     num_blocks: int
     node_ids: list[str]
     members: frozenset[str]
     lower: tuple[Holder, ...]
+    common: CommonMembers | None = None
+
+    def has_pool(self, node_id: str) -> bool:
+        return node_id in self.members or (self.common is not None and self.common.has(node_id))
+
+    def lowest_pool(self, skip: Callable[[str], bool]) -> str | None:
+        """The lowest pool id ``skip`` does not reject."""
+        found = next((s for s in self.node_ids if not skip(s)), None)
+        if self.common is not None:
+            other = self.common.first_except(skip)
+            if other is not None and (found is None or other < found):
+                found = other
+        return found
 
 
 def pullable(holders: Iterable[PrefixHolder], sources: Mapping[str, NodeLoad]) -> dict[Holder, int]:
@@ -57,10 +116,12 @@ def pullable(holders: Iterable[PrefixHolder], sources: Mapping[str, NodeLoad]) -
     return cached
 
 
-def holder_groups(cached: Mapping[Holder, int], limit: int) -> list[HolderGroup]:
+def holder_groups(
+    cached: Mapping[Holder, int], limit: int, common: CommonMembers | None = None
+) -> list[HolderGroup]:
     """Holders grouped by how many usable blocks (at most ``limit``) they hold, fewest first
     (computed once per placement, so pricing every node stays linear in the number of
-    nodes)."""
+    nodes); the members of ``common`` join the group of its length."""
     pools: dict[int, list[str]] = {}
     lower: dict[int, list[Holder]] = {}
     for (node_id, tier), count in cached.items():
@@ -69,12 +130,15 @@ def holder_groups(cached: Mapping[Holder, int], limit: int) -> list[HolderGroup]
             pools.setdefault(blocks, []).append(node_id)
         else:
             lower.setdefault(blocks, []).append((node_id, tier))
+    shared = -1 if common is None else min(common.prefix.num_blocks, limit)
+    if shared >= 0:
+        pools.setdefault(shared, [])
     groups = []
     for blocks in sorted(pools.keys() | lower.keys()):
         ids = sorted(pools.get(blocks, ()))
-        groups.append(
-            HolderGroup(blocks, ids, frozenset(ids), tuple(sorted(lower.get(blocks, ()))))
-        )
+        lower_here = tuple(sorted(lower.get(blocks, ())))
+        members = common if blocks == shared else None
+        groups.append(HolderGroup(blocks, ids, frozenset(ids), lower_here, members))
     return groups
 
 
@@ -99,10 +163,13 @@ def options(
         missing = (remote - local) * block_bytes
         # Inline, not a call: this runs for every holder length on every node priced.
         # Unmeasured links all get the fallback: the lowest such id stands for them.
-        unmeasured = next((s for s in group.node_ids if s != me and s not in measured), None)
+        if group.common is None:
+            unmeasured = next((s for s in group.node_ids if s != me and s not in measured), None)
+        else:
+            unmeasured = group.lowest_pool(lambda s: s == me or s in measured)
         pool = None if unmeasured is None else (-transfer, unmeasured)
         for source, bandwidth in measured.items():
-            if source in group.members and (pool is None or (-bandwidth, source) < pool):
+            if group.has_pool(source) and (pool is None or (-bandwidth, source) < pool):
                 pool = (-bandwidth, source)
         if not group.lower:  # pools only, the common case: nothing else to compare
             if pool is not None:

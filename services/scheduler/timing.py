@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from services.scheduler.fit import Moments, fit
@@ -112,9 +112,11 @@ class StepTimes:
     """Owns the recent step samples of every node and the fits made of them.
 
     Invariants: a node's window holds its last ``window`` valid samples; a cached fit (per node,
-    and pooled per role) is dropped whenever samples it was made of change. A node with fewer
-    than ``min_samples`` samples is predicted by its role's pooled fit while the pool has enough,
-    and by the prior (through its own few samples) before that.
+    and pooled per role) is dropped whenever samples it was made of change, and ``version``
+    grows with every such change. A node with fewer than ``min_samples`` samples is predicted
+    by its role's pooled fit while the pool has enough, and by its role's prior (through its
+    own few samples) before that; ``individual`` holds every node that may be predicted by
+    anything else than ``shared(role)``.
     """
 
     def __init__(
@@ -124,14 +126,22 @@ class StepTimes:
         window: int = 256,
         min_samples: int = 16,
         prior_weight: float = PRIOR_WEIGHT,
+        role_priors: Mapping[str, StepCoefficients] | None = None,
     ) -> None:
         self.prior = prior
+        self.role_priors = dict(role_priors or {})
         self.window = window
         self.min_samples = min_samples
         self.prior_weight = prior_weight
+        self.version = 0
         self._windows: dict[str, _Window] = {}
         self._node_fits: dict[str, StepCoefficients] = {}
         self._role_fits: dict[str, StepCoefficients | None] = {}
+        self._sampled: set[str] = set()  # nodes with at least one sample
+        self._fitted: set[str] = set()  # nodes with at least ``min_samples``
+
+    def prior_for(self, role: str) -> StepCoefficients:
+        return self.role_priors.get(role, self.prior)
 
     def add(self, node_id: str, role: str, samples: Iterable[StepSample]) -> None:
         """Records a heartbeat's samples (invalid ones, e.g. negative times, are dropped)."""
@@ -144,11 +154,23 @@ class StepTimes:
         window.extend(new)
         self._node_fits.pop(node_id, None)
         self._role_fits.clear()
+        self._count(node_id)
+        self.version += 1
 
     def forget(self, node_id: str) -> None:
         if self._windows.pop(node_id, None) is not None:
             self._node_fits.pop(node_id, None)
             self._role_fits.clear()
+            self._count(node_id)
+            self.version += 1
+
+    def _count(self, node_id: str) -> None:
+        samples = self.num_samples(node_id)
+        for members, least in ((self._sampled, 1), (self._fitted, self.min_samples)):
+            if samples >= least:
+                members.add(node_id)
+            else:
+                members.discard(node_id)
 
     def num_samples(self, node_id: str) -> int:
         window = self._windows.get(node_id)
@@ -160,12 +182,23 @@ class StepTimes:
             pooled = self._pooled(role)
             if pooled is not None:
                 return pooled
+        window = self._windows.get(node_id)
+        if window is None:
+            return self.prior_for(role)
         fitted = self._node_fits.get(node_id)
         if fitted is None:
-            window = self._windows.get(node_id)
-            moments = window.moments if window is not None else Moments()
-            fitted = self._node_fits[node_id] = self._fit(moments)
+            fitted = self._node_fits[node_id] = self._fit(window.moments, window.role)
         return fitted
+
+    def shared(self, role: str) -> StepCoefficients:
+        """What every node of ``role`` outside ``individual(role)`` is predicted by."""
+        pooled = self._pooled(role)
+        return pooled if pooled is not None else self.prior_for(role)
+
+    def individual(self, role: str) -> set[str]:
+        """The nodes ``coefficients`` may answer for with something else than
+        ``shared(role)``: those with a fit of their own (read only)."""
+        return self._fitted if self._pooled(role) is not None else self._sampled
 
     def _pooled(self, role: str) -> StepCoefficients | None:
         # Cached until samples change, including "too few to fit" (None).
@@ -175,12 +208,12 @@ class StepTimes:
         for window in self._windows.values():
             if window.role == role:
                 pool.merge(window.moments)
-        fit = None if pool.count < self.min_samples else self._fit(pool)
+        fit = None if pool.count < self.min_samples else self._fit(pool, role)
         self._role_fits[role] = fit
         return fit
 
-    def _fit(self, moments: Moments) -> StepCoefficients:
-        return _coefficients(moments, self.prior, self.prior_weight)
+    def _fit(self, moments: Moments, role: str) -> StepCoefficients:
+        return _coefficients(moments, self.prior_for(role), self.prior_weight)
 
 
 def prefill_seconds(

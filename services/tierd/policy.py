@@ -5,31 +5,40 @@ Invariant (prefix awareness): a victim never has a child (a block whose parent i
 present and not chosen before it, so chains are always cut from the tail and a held block's
 whole prefix stays held. Every policy ranks the blocks it may evict by a key, lowest first,
 and ties go to the deeper block, then to the lower hash, so every order is deterministic.
+
+Every rank here is a function of a block's metadata alone, not of the clock: two blocks keep
+their order until one of them is read. That is what lets ``victim_index`` keep a policy's order
+incrementally (one heap update per read) instead of re-sorting every block per eviction.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-Rank = tuple[float, ...]
+from services.tierd.victim_index import BlockInfo, Rank, VictimIndex, tail_first_victims
 
-
-@dataclass(slots=True)
-class BlockInfo:
-    """What a policy knows of one block held in a tier."""
-
-    block_hash: bytes
-    parent_hash: bytes
-    num_bytes: int
-    depth: int  # blocks before it in its chain (0: the chain's first block)
-    created_at: float
-    last_access: float
-    access_count: int
-    quota_key: bytes = b""
+__all__ = [
+    "POLICIES",
+    "AccessHistory",
+    "BlockInfo",
+    "CrescentPolicy",
+    "EvictionPolicy",
+    "LfuPolicy",
+    "LruPolicy",
+    "Rank",
+    "RecomputeAwarePolicy",
+    "RecomputeModel",
+    "VictimIndex",
+    "admits",
+    "chain_depths",
+    "make_policy",
+    "tail_first_victims",
+    "victim_index",
+]
 
 
 class EvictionPolicy(Protocol):
@@ -48,49 +57,12 @@ class EvictionPolicy(Protocol):
         ...
 
 
-def tail_first_victims(
-    blocks: Mapping[bytes, BlockInfo],
-    need_bytes: int,
-    rank: Callable[[BlockInfo], Rank],
-    quota_key: bytes | None = None,
-) -> list[bytes]:
-    """The lowest-ranked evictable blocks until ``need_bytes`` are freed: a heap over the
-    blocks with no child left, to which a parent joins once its last child is chosen."""
-    if need_bytes <= 0:
-        return []
-    children: dict[bytes, int] = {}
-    for block_hash, info in blocks.items():
-        parent = info.parent_hash
-        if parent in blocks and parent != block_hash:
-            children[parent] = children.get(parent, 0) + 1
-
-    def entry(block_hash: bytes, info: BlockInfo) -> tuple[Rank, float, bytes]:
-        return rank(info), -info.depth, block_hash
-
-    def eligible(info: BlockInfo) -> bool:
-        return quota_key is None or info.quota_key == quota_key
-
-    heap = [entry(h, i) for h, i in blocks.items() if h not in children and eligible(i)]
-    heapq.heapify(heap)
-    chosen: list[bytes] = []
-    freed = 0
-    while heap and freed < need_bytes:
-        _, _, block_hash = heapq.heappop(heap)
-        info = blocks[block_hash]
-        chosen.append(block_hash)
-        freed += info.num_bytes
-        parent = info.parent_hash
-        if parent in children:
-            children[parent] -= 1
-            if children[parent] == 0 and eligible(blocks[parent]):
-                heapq.heappush(heap, entry(parent, blocks[parent]))
-    return chosen
-
-
 class _RankedPolicy:
     """A policy given by a rank per block (lower is evicted first)."""
 
     name: str
+    #: Whether a block's rank is fixed between its reads (see the module docstring).
+    time_invariant: ClassVar[bool] = True
 
     def rank(self, info: BlockInfo, now: float) -> Rank:
         raise NotImplementedError
@@ -160,33 +132,58 @@ class RecomputeAwarePolicy(_RankedPolicy):
 
 
 class CrescentPolicy(_RankedPolicy):
-    """Lowest expected value per byte first: (probability of reuse) × (recompute seconds it
-    saves) / bytes. The reuse probability maps an exponentially decayed access frequency
-    ``f = (access_count + prior_accesses) · 2^(−age / half_life_s)``, with ``age`` the time
-    since the last access, onto ``f / (1 + f)``; the prior keeps a block just stored and never
-    read from counting as worthless. Among equals, least recently used."""
+    """Lowest expected recompute time saved per byte first.
+
+    A block's reuse is estimated by an exponentially decayed access frequency,
+    ``f = (access_count + prior_accesses) · 2^(−age / half_life_s)`` with ``age`` the time since
+    its last access: recency and frequency in one number, where each read is worth a fresh
+    block's whole prior and ``half_life_s`` sets how long past reads keep protecting it. A hit
+    on a block saves recomputing it, ``RecomputeModel.seconds(depth)`` (deeper blocks attend to
+    more context); the value per byte is ``f · seconds^cost_weight / num_bytes``.
+
+    ``cost_weight`` below 1 damps the premium of depth: a block's hit needs its whole prefix held
+    too, and a deep block's own count says nothing of that, so full weight keeps long chains at
+    the expense of many more shallow hits. 0 ranks by reuse alone.
+
+    The rank is ``log2`` of the value at time 0: every block's value halves each
+    ``half_life_s``, so the order at any later time is the same and needs no clock. Among
+    equals, least recently used.
+    """
 
     name = "crescent"
 
     def __init__(
-        self, half_life_s: float = 600.0, prior_accesses: float = 1.0, **model: Any
+        self,
+        half_life_s: float = 300.0,
+        prior_accesses: float = 1.0,
+        cost_weight: float = 0.25,
+        **model: Any,
     ) -> None:
         if half_life_s <= 0:
             raise ValueError(f"half_life_s must be positive, got {half_life_s}")
+        if prior_accesses <= 0:
+            raise ValueError(f"prior_accesses must be positive, got {prior_accesses}")
         self.half_life_s = half_life_s
         self.prior_accesses = prior_accesses
+        self.cost_weight = cost_weight
         self.model = RecomputeModel(**model)
 
-    def reuse_probability(self, info: BlockInfo, now: float) -> float:
+    def frequency(self, info: BlockInfo, now: float) -> float:
         age = max(now - info.last_access, 0.0)
-        freq = (info.access_count + self.prior_accesses) * math.exp2(-age / self.half_life_s)
-        return freq / (1.0 + freq)
+        return (info.access_count + self.prior_accesses) * math.exp2(-age / self.half_life_s)
 
     def value(self, info: BlockInfo, now: float) -> float:
-        return self.reuse_probability(info, now) * self.model.seconds_per_byte(info)
+        saved = self.model.seconds(info.depth) ** self.cost_weight
+        return self.frequency(info, now) * saved / max(info.num_bytes, 1)
 
     def rank(self, info: BlockInfo, now: float) -> Rank:
-        return (self.value(info, now), info.last_access)
+        log_value = (
+            math.log2(info.access_count + self.prior_accesses)
+            + info.last_access / self.half_life_s
+            + self.cost_weight * math.log2(max(self.model.seconds(info.depth), 1e-12))
+            - math.log2(max(info.num_bytes, 1))
+        )
+        return (log_value, info.last_access)
 
 
 POLICIES: dict[str, Callable[..., _RankedPolicy]] = {
@@ -230,3 +227,43 @@ def chain_depths(parents: Mapping[bytes, bytes]) -> dict[bytes, int]:
         for offset, block_hash in enumerate(reversed(path), start=1):
             depths[block_hash] = base + offset
     return depths
+
+
+def victim_index(policy: EvictionPolicy) -> VictimIndex:
+    """An empty incremental index of ``policy``'s victims, for a tier that adds, reads and drops
+    blocks one at a time: its order is the one ``policy.victims`` would give (without a quota).
+    ValueError for a policy whose order moves with the clock alone, or that has no rank."""
+    rank = getattr(policy, "rank", None)
+    if rank is None or not getattr(policy, "time_invariant", False):
+        raise ValueError(f"policy {policy.name!r} has no clock-free rank to index")
+    return VictimIndex(lambda info: rank(info, info.last_access))
+
+
+class AccessHistory:
+    """Remembers how often the tier's most recently dropped blocks had been used, so a block
+    that comes back counts as reused rather than new (the ghost entries of 2Q and ARC).
+
+    Invariant: at most ``capacity`` blocks are remembered (None: no limit, 0: none); when full,
+    the block dropped longest ago is forgotten first.
+    """
+
+    def __init__(self, capacity: int | None) -> None:
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"capacity must be non-negative, got {capacity}")
+        self.capacity = capacity
+        self._counts: OrderedDict[bytes, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def remember(self, block_hash: bytes, access_count: int) -> None:
+        if self.capacity == 0:
+            return
+        self._counts[block_hash] = access_count
+        self._counts.move_to_end(block_hash)
+        if self.capacity is not None and len(self._counts) > self.capacity:
+            self._counts.popitem(last=False)
+
+    def recall(self, block_hash: bytes) -> int | None:
+        """The dropped block's access count, forgotten as it is recalled; None if unknown."""
+        return self._counts.pop(block_hash, None)

@@ -73,22 +73,48 @@ def test_recompute_evicts_what_is_cheap_to_recompute_per_byte() -> None:
 
 def test_crescent_weighs_reuse_against_recompute_cost() -> None:
     model: dict[str, Any] = dict(block_size=4, base_s=0.0, per_token_s=1.0, per_attention_s=1.0)
-    policy = CrescentPolicy(half_life_s=10, prior_accesses=1, **model)
+    policy = CrescentPolicy(half_life_s=10, prior_accesses=1, cost_weight=1, **model)
     now = 100.0
-    hot = block("hot", depth=0, last=now, count=3)  # f = 4, p = 0.8
-    faded = block("faded", depth=0, last=now - 10, count=3)  # f = 2, p = 2/3
-    fresh = block("fresh", depth=0, last=now, count=0)  # f = 1, p = 0.5
-    deep = block("deep", depth=3, last=now, count=0)  # p = 0.5, 60 s
-    assert policy.reuse_probability(hot, now) == pytest.approx(0.8)
-    assert policy.reuse_probability(faded, now) == pytest.approx(2 / 3)
-    assert policy.value(fresh, now) == pytest.approx(0.5 * 12 / 10)
-    assert policy.value(deep, now) == pytest.approx(0.5 * 60 / 10)
+    hot = block("hot", depth=0, last=now, count=3)  # f = 4
+    faded = block("faded", depth=0, last=now - 10, count=3)  # f = 4 / 2
+    fresh = block("fresh", depth=0, last=now, count=0)  # f = 1
+    deep = block("deep", depth=3, last=now, count=0)  # f = 1, 60 s to recompute
+    assert policy.frequency(hot, now) == pytest.approx(4)
+    assert policy.frequency(faded, now) == pytest.approx(2)
+    assert policy.value(fresh, now) == pytest.approx(1 * 12 / 10)
+    assert policy.value(deep, now) == pytest.approx(1 * 60 / 10)
+    assert policy.value(hot, now) == pytest.approx(4 * 12 / 10)
     infos = blocks(hot, faded, fresh, deep)
-    # The popular shallow block goes before the rarely used deep one: it saves less.
+    # Values 1.2 (fresh), 2.4 (faded), 4.8 (hot), 6 (deep): the never-read deep block outlasts
+    # the popular shallow one, which saves a fifth as much per hit.
     assert names(policy.victims(infos, 40, now=now)) == ["fresh", "faded", "hot", "deep"]
-    # Time passing without reads makes even a hot block cheap.
+    # Without the cost, reuse alone: the deep block is as fresh as the fresh one and deeper.
+    by_reuse = CrescentPolicy(half_life_s=10, prior_accesses=1, cost_weight=0, **model)
+    assert names(by_reuse.victims(infos, 40, now=now)) == ["deep", "fresh", "faded", "hot"]
+    # Time passing without reads makes even a hot block cheap: 100 s is ten half-lives.
     later = blocks(hot, block("other", depth=0, last=now + 100, count=0))
     assert names(policy.victims(later, 10, now=now + 100)) == ["hot"]
+
+
+@pytest.mark.parametrize("cost_weight", [0.0, 0.25, 1.0])
+def test_crescent_ranks_by_value_whatever_the_clock(cost_weight: float) -> None:
+    # The rank is the log of the value at time 0, so it orders blocks as their value does at
+    # any later time, and the rank itself never moves with the clock.
+    rng = random.Random(int(cost_weight * 100))
+    policy = CrescentPolicy(half_life_s=30, cost_weight=cost_weight)
+    infos = [
+        block(f"b{i}", depth=rng.randrange(40), last=rng.uniform(0, 100), count=rng.randrange(9))
+        for i in range(40)
+    ]
+    for now in (100.0, 250.0, 1000.0):
+        by_rank = sorted(infos, key=lambda i: policy.rank(i, now))
+        values = [policy.value(i, now) for i in by_rank]
+        assert values == sorted(values)
+        assert all(policy.rank(i, now) == policy.rank(i, 0.0) for i in infos)
+    with pytest.raises(ValueError, match="half_life_s"):
+        CrescentPolicy(half_life_s=0)
+    with pytest.raises(ValueError, match="prior_accesses"):
+        CrescentPolicy(prior_accesses=0)
 
 
 def _random_forest(rng: random.Random, n: int) -> dict[bytes, BlockInfo]:

@@ -13,9 +13,10 @@ from tests.tierd.infos import FOREST, ROOT, block, blocks, h, names
 # Each policy's full order on FOREST (now = 10), worked out by hand from its rank:
 # recompute: b1 (depth 1) is cheaper than a2 and c2 (depth 2), then its parent b0 (depth 0),
 #   then c2 before a2 (same depth, older), a1 once both its children went, a0.
-# crescent: values p·s/B with p = f/(1+f), f = (count + 1)·2^(-age/600): of the leaves a2
-#   0.00456 (p 2/3), b1 0.00499, c2 0.00546; then b0 (0.00486) joins below c2; a1, a0 last
-#   (a0's 0.00589 is the highest anyway).
+# crescent: log-values log2(count + 1) + last/300 + 0.25·log2(seconds(depth)), where the
+#   recompute seconds barely move with depth at these depths (0.065 s to 0.069 s): of the
+#   leaves a2 (count 1) is lowest, then b1 (2), c2 (3); b0 (2, older than b1) joins below c2;
+#   a1 and a0 last.
 FOREST_ORDERS = {
     "lru": ["b1", "b0", "c2", "a2", "a1", "a0"],
     "lfu": ["a2", "b1", "b0", "c2", "a1", "a0"],

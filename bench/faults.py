@@ -99,11 +99,27 @@ class Stack:
         return self.proc.wait(timeout=timeout_s)
 
 
+#: Logs of servers Crescent runs but did not write, shown first and shortest: a failure's
+#: message is often read from its end, where Crescent's own services' logs belong.
+_FOREIGN_LOGS = {"nats.log": 1000, "s3.log": 1000}
+
+
 def collect_logs(data_dir: Path) -> str:
-    """The tail of every service's log, for a failure's message."""
+    """The tail of every service's log, for a failure's message: the servers Crescent merely
+    runs (NATS, S3) first, then Crescent's services, whose warnings come first in full."""
+    logs = sorted(
+        (data_dir / "logs").glob("*.log"), key=lambda p: (p.name not in _FOREIGN_LOGS, p.name)
+    )
     parts = []
-    for log in sorted((data_dir / "logs").glob("*.log")):
-        parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}")
+    for log in logs:
+        text = log.read_text(errors="replace")
+        if log.name in _FOREIGN_LOGS:
+            parts.append(f"--- {log.name}\n{text[-_FOREIGN_LOGS[log.name] :]}")
+            continue
+        warnings = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
+        parts.append(
+            f"--- {log.name}\n" + "\n".join(warnings[-20:]) + f"\n... tail:\n{text[-3000:]}"
+        )
     return "\n".join(parts)
 
 

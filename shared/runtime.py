@@ -17,12 +17,20 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
+#: Libraries whose debug output would bury Crescent's own (botocore logs every S3 request's
+#: headers, aiosqlite every statement): they stay at INFO when Crescent debugs.
+QUIET_LIBRARIES = ("aiosqlite", "asyncio", "botocore", "aiobotocore", "grpc", "urllib3", "ucxx")
+
+
 def setup_logging(service: str) -> None:
     level = os.environ.get("CRESCENT_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(
         level=level,
         format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
     )
+    if logging.getLogger().getEffectiveLevel() < logging.INFO:
+        for name in QUIET_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.INFO)
 
 
 def settle_heap() -> None:

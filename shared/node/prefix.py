@@ -28,6 +28,10 @@ from shared.node.puller import BlockPuller, PullSource
 
 log = logging.getLogger(__name__)
 
+#: What a pin from a tierd may add per block read up (1.5 MB blocks from a busy S3 server
+#: at 15 MB/s): a pin that times out is recomputed, and its staged blocks wait out their lease.
+LOWER_TIER_PIN_S_PER_BLOCK = 0.1
+
 
 @dataclass(slots=True)
 class FetchedPrefix:
@@ -84,6 +88,13 @@ class PrefixFetcher:
         self.direct = direct
         self.pulls_failed = 0
 
+    def pin_timeout(self, tier: str, num_blocks: int) -> float:
+        """How long a pin may take: a pool pins at once, a tierd reads every block up from
+        NVMe or S3 first, which on a busy host takes its time per block."""
+        if tier == DRAM:
+            return self.pin_timeout_s
+        return self.pin_timeout_s + LOWER_TIER_PIN_S_PER_BLOCK * num_blocks
+
     async def fetch(self, prompt: list[int], salt: bytes, plans: list[PullPlan]) -> FetchedPrefix:
         fetched = FetchedPrefix()
         hashes = self.engine.prompt_hashes(prompt, salt)
@@ -127,7 +138,7 @@ class PrefixFetcher:
                 subjects.peer_pins(plan.node_id),
                 PinRequest(block_hashes=hashes[first:end], tier=plan.tier),
                 PinReply,
-                self.pin_timeout_s,
+                self.pin_timeout(plan.tier, end - first),
             )
         except BusRequestError as exc:
             self.pulls_failed += 1

@@ -101,6 +101,8 @@ def tiers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator
         # request as if nothing were cached, which is not what these tests are about.
         "CRESCENT_MATCH_TIMEOUT_MS": "2000",
         "CRESCENT_API_KEYS": f"{ALICE_KEY}:alice,{BOB_KEY}:bob",
+        # Placements (which holders, which pulls) are logged at debug: a failure shows them.
+        "CRESCENT_LOG_LEVEL": "DEBUG",
         "UCX_NET_DEVICES": "lo",
         "UCX_WARN_UNUSED_ENV_VARS": "n",
     }

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from crescent.bench import plots, report
 from crescent.bench.client import request_body, stream_completion
-from crescent.bench.metrics import Slo, Summary, ratios, summarize
+from crescent.bench.metrics import Slo, Summary, ratios_to_first, summarize
 from crescent.bench.options import BenchOptions, Target, options_from
 from crescent.bench.records import RequestRecord
 from crescent.bench.runner import RoundResult, new_record, play
@@ -164,8 +164,7 @@ def write_outputs(
         if opts.plots:
             written += plots.write_plots({name: run.records}, folder)
     if not single:
-        first, second = summaries.values()
-        payload = {"config": config, "summaries": summaries, "ratios": ratios(first, second)}
+        payload = {"config": config, "summaries": summaries, "ratios": ratios_to_first(summaries)}
         report.write_json(opts.out / "comparison.json", payload)
         written.append(opts.out / "comparison.json")
         if opts.plots:
@@ -213,9 +212,8 @@ def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None = N
         return 130
     slo = Slo(opts.slo_ttft_ms, opts.slo_tpot_ms)
     summaries = {name: summarize(r.records, r.duration_s, slo) for name, r in runs.items()}
-    ratio = ratios(*summaries.values()) if len(summaries) == 2 else None
     title = f"SLO: TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms"
-    console.print(report.summary_table(title, summaries, ratio))
+    console.print(report.summary_table(title, summaries, ratios_to_first(summaries)))
     for name, target_run in runs.items():
         for error in sorted({r.error or "" for r in target_run.records if not r.ok})[:3]:
             console.print(f"{name}: a request failed: {error}", markup=False, highlight=False)

@@ -125,3 +125,12 @@ def ratios(a: Mapping[str, float | int | None], b: Mapping[str, float | int | No
         else:
             out[key] = other / base
     return out
+
+
+def ratios_to_first(summaries: Mapping[str, Summary]) -> dict[str, Summary]:
+    """``{"B/A": ratios(A, B), ...}`` for every target after the first, A (empty for one)."""
+    names = list(summaries)
+    if not names:
+        return {}
+    base = summaries[names[0]]
+    return {f"{n}/{names[0]}": ratios(base, summaries[n]) for n in names[1:]}

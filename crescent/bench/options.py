@@ -147,13 +147,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--out", type=Path, help="results (None: crescent-bench-<time>/)")
     r.add_argument("--no-plots", action="store_true", help="write no PNGs")
     c = p.add_argument_group("comparison")
-    c.add_argument("--compare", action="store_true", help="two --target in alternating rounds")
+    c.add_argument(
+        "--compare", action="store_true", help="two or more --target in alternating rounds"
+    )
     c.add_argument(
         "--target",
         action="append",
         default=[],
         metavar="NAME=URL[,model=M][,key_env=VAR][,cache=off]",
-        help="a server to compare (give two)",
+        help="a server to compare (two or more; ratios are against the first)",
     )
     c.add_argument("--rounds", type=int, default=4, help="rounds per target with --compare")
 
@@ -168,8 +170,8 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
             raise ValueError("target names must differ")
     else:
         targets = (Target("default", api_base(args.base_url), args.model, default_key),)
-    if args.compare and len(targets) != 2:
-        raise ValueError("--compare needs exactly two --target")
+    if args.compare and len(targets) < 2:
+        raise ValueError("--compare needs two or more --target")
     if not args.compare and len(targets) != 1:
         raise ValueError("more than one --target needs --compare")
     if args.timestamps and args.dataset not in ("trace", "multiturn"):

@@ -65,21 +65,21 @@ def write_result(
 
 
 def summary_table(
-    title: str, summaries: Mapping[str, Summary], ratio: Summary | None = None
+    title: str, summaries: Mapping[str, Summary], ratios: Mapping[str, Summary] | None = None
 ) -> Table:
-    """One column per target, and ``B / A`` when ``ratio`` is given."""
+    """One column per target, then one per ratio (``"B/A"``: B's figure over A's)."""
     table = Table(title=title)
     table.add_column("figure")
     for name in summaries:
         table.add_column(name, justify="right")
-    names = list(summaries)
-    if ratio is not None:
-        table.add_column(f"{names[-1]} / {names[0]}", justify="right")
+    ratios = ratios or {}
+    for label in ratios:
+        table.add_column(label.replace("/", " / "), justify="right")
     for key, label, fmt in ROWS:
         cells = [_cell(s.get(key), fmt) for s in summaries.values()]
         if all(c == "—" for c in cells):
             continue  # a figure no server reported (cached tokens by tier, say)
-        if ratio is not None:
+        for ratio in ratios.values():
             value = ratio.get(key)
             cells.append("—" if value is None else f"{value:.2f}×")
         table.add_row(label, *cells)

@@ -183,8 +183,8 @@ def test_compare_alternates_rounds_and_writes_ratios(tmp_path: Path) -> None:
     comparison = json.loads((tmp_path / "comparison.json").read_text())
     on, off = comparison["summaries"]["on"], comparison["summaries"]["off"]
     assert on["cached_ratio"] > 0 and off["cached_ratio"] == 0
-    assert comparison["ratios"]["cached_ratio"] == 0
-    assert comparison["ratios"]["requests"] == 1
+    assert comparison["ratios"]["off/on"]["cached_ratio"] == 0
+    assert comparison["ratios"]["off/on"]["requests"] == 1
     for name in ("on", "off"):
         result = json.loads((tmp_path / name / "result.json").read_text())
         assert result["summary"]["completed"] == 12

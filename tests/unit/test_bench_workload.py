@@ -174,7 +174,7 @@ def test_targets_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
-        (["--compare"], "exactly two"),
+        (["--compare"], "two or more"),
         (["--target", "a=http://x", "--target", "b=http://y"], "needs --compare"),
         (["--compare", "--target", "a=http://x", "--target", "a=http://y"], "must differ"),
         (["--dataset", "random", "--timestamps"], "needs a trace dataset"),

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from crescent import generate, up
 from crescent.bench import options as bench_options
+from crescent.sim import cli as sim_cli
 
 SERVICES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
@@ -30,6 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser(
             "bench",
             help="measure an OpenAI-compatible server on a workload",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+    )
+    sim_cli.add_arguments(
+        sub.add_parser(
+            "sim",
+            help="simulate a cluster replaying a trace, placed by the live scheduler",
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
     )
@@ -68,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from crescent.bench.main import run as run_bench  # httpx, numpy, matplotlib: on use
 
         return run_bench(args)
+    if args.command == "sim":
+        return sim_cli.run(args)
     if args.command == "hash-key":
         return _hash_key(args.tenant)
     if args.command == "serve":

@@ -217,6 +217,11 @@ class ClusterView:
         found = self._arrivals.get(node_id)
         return found if found is not None else Arrivals()
 
+    def arriving_by(self, node_id: str, t: float) -> tuple[int, int]:
+        """``arrivals(node_id).by(t)``."""
+        found = self._arrivals.get(node_id)
+        return (0, 0) if found is None else found.by(t)
+
     def record(self, entry: InFlight) -> None:
         """Counts a placed request on its prefill node (until that node's next heartbeat) and
         on its decode node (until it is due there). A request id placed again replaces its

@@ -40,8 +40,10 @@ __all__ = [
     "prefill_costs",
 ]
 
-#: A node waiting to be priced: (lower bound, load, id, node, model, rest of its class).
-_Candidate = tuple[float, int, str, NodeLoad, Model, "Iterator[_Candidate] | None"]
+#: A node of a class to price: (lower bound, load, id, node or None for a marker, model).
+_Next = tuple[float, int, str, NodeLoad | None, Model]
+#: A node waiting to be priced, and the rest of its class.
+_Candidate = tuple[float, int, str, NodeLoad | None, Model, Iterator[_Next] | None]
 
 
 class _StaleIndex(Exception):
@@ -97,15 +99,15 @@ def _search(pricing: Pricing, now: float, avoid: Collection[str]) -> PrefillCost
     view = pricing.view
     alone = _priced_alone(pricing, now, avoid)
     heap: list[_Candidate] = []
-    for node in alone.values():
-        model = pricing.model(node)
-        bound = pricing.lower_bound(node, model)
-        heap.append((bound, load_of(node), node.node_id, node, model, None))
+    for single in alone.values():
+        model = pricing.model(single)
+        bound = pricing.lower_bound(single, model)
+        heap.append((bound, load_of(single), single.node_id, single, model, None))
     for pricing_class, entries in view.prefill_index.classes.items():
-        walk = _walk_class(pricing, pricing_class, entries, now, avoid, alone)
+        walk = iter(_ClassWalk(pricing, pricing_class, entries, now, avoid, alone))
         first = next(walk, None)
         if first is not None:
-            heap.append(first)
+            heap.append((*first, walk))
     heapq.heapify(heap)
     best: PrefillCost | None = None
     while heap:
@@ -114,13 +116,14 @@ def _search(pricing: Pricing, now: float, avoid: Collection[str]) -> PrefillCost
         # lower id: once a bound's rank is past the best, nothing left can win.
         if best is not None and (bound, load, node_id) > best.rank:
             break
-        cost = pricing.cost_on(node, model)
-        if best is None or cost.rank < best.rank:
-            best = cost
+        if node is not None:
+            cost = pricing.cost_on(node, model)
+            if best is None or cost.rank < best.rank:
+                best = cost
         if rest is not None:
             following = next(rest, None)
             if following is not None:
-                heapq.heappush(heap, following)
+                heapq.heappush(heap, (*following, rest))
     return best
 
 
@@ -145,44 +148,72 @@ def _priced_alone(pricing: Pricing, now: float, avoid: Collection[str]) -> dict[
     return alone
 
 
-def _walk_class(
-    pricing: Pricing,
-    pricing_class: PrefillClass,
-    entries: list[tuple[int, str]],
-    now: float,
-    avoid: Collection[str],
-    alone: dict[str, NodeLoad],
-) -> Iterator[_Candidate]:
-    """The nodes of one class that may take the request, in queue order, each with the TTFT of
-    the class's best case at its queue: a node holding the common prefix (if any) and no
-    other, that measured nothing, on a host of its own."""
-    view = pricing.view
-    step, block_size, block_bytes = pricing_class
-    model = pricing.model_of(view.timing.shared("prefill"), step, block_size)
-    typical = NodeLoad(
-        "", "prefill", 0, 0, 0, 0, block_size, now,
-        block_bytes=block_bytes, max_num_batched_tokens=step,
-    )  # fmt: skip
-    limit = pricing.limit(typical)
-    shared = 0 if pricing.common is None else min(pricing.common.num_blocks, limit)
-    compute, fetch, _, _ = pricing.best_option(typical, model, shared)
-    nodes = view.nodes
-    candidates: Iterator[_Candidate] | None = None
+class _ClassWalk:
+    """The nodes of one pricing class that may take the request, in queue order, each under
+    a lower bound of its TTFT, for ``_search`` to price lazily.
 
-    def walk() -> Iterator[_Candidate]:
-        # No view changes during a placement, so the list stays as it is while walked.
-        for load, node_id in entries:
-            if node_id in alone:
+    Every node of the class that measured nothing and is on a host of its own costs what the
+    class's typical node costs at its queue, holding the common prefix or not: the first node
+    of each kind in queue order beats every later one of its kind, so the walk offers only
+    those, and stops once both have come. After the first it offers the bound of all it has
+    not offered yet (a *marker*: no node), so the search reads no further than the best found
+    allows. Invariant: offers come in non-decreasing order.
+    """
+
+    def __init__(
+        self,
+        pricing: Pricing,
+        pricing_class: PrefillClass,
+        entries: list[tuple[int, str]],
+        now: float,
+        avoid: Collection[str],
+        alone: dict[str, NodeLoad],
+    ) -> None:
+        self.pricing, self.entries = pricing, entries
+        self.now, self.avoid, self.alone = now, avoid, alone
+        view = pricing.view
+        step, block_size, block_bytes = pricing_class
+        self.model = pricing.model_of(view.timing.shared("prefill"), step, block_size)
+        typical = NodeLoad(
+            "", "prefill", 0, 0, 0, 0, block_size, now,
+            block_bytes=block_bytes, max_num_batched_tokens=step,
+        )  # fmt: skip
+        common = pricing.common
+        shared = 0 if common is None else min(common.num_blocks, pricing.limit(typical))
+        # (compute s, fetch s) of the typical node without the common prefix, and with it.
+        self.costs = {False: pricing.best_option(typical, self.model, 0)[:2]}
+        if shared:
+            self.costs[True] = pricing.best_option(typical, self.model, shared)[:2]
+        self.common = common if shared else None
+
+    def bound(self, load: int) -> float:
+        wait = self.model.wait_s(load)
+        return min(wait + fetch + compute for compute, fetch in self.costs.values())
+
+    def __iter__(self) -> Iterator[_Next]:
+        view, nodes, costs, common = (
+            self.pricing.view,
+            self.pricing.view.nodes,
+            self.costs,
+            self.common,
+        )
+        for load, node_id in self.entries:  # no view changes during a placement
+            if node_id in self.alone:
+                continue
+            kind = common is not None and common.holds(node_id)
+            if kind not in costs:  # a node of its kind came before: this one cannot win
                 continue
             node = nodes[node_id]
-            if not _takes_work(node, view, now, avoid):
+            if not _takes_work(node, view, self.now, self.avoid):
                 continue
             if load != load_of(node):
                 raise _StaleIndex(node_id)
-            yield (model.wait_s(load) + fetch + compute, load, node_id, node, model, candidates)
-
-    candidates = walk()
-    return candidates
+            bound = self.bound(load)
+            del costs[kind]
+            yield (bound, load, node_id, node, self.model)
+            if not costs:
+                return
+            yield (self.bound(load), load, node_id, None, self.model)
 
 
 def _cheapest_of(pricing: Pricing, prefills: Sequence[NodeLoad]) -> PrefillCost | None:

@@ -21,8 +21,11 @@ from services.scheduler.index import Entry
 from services.scheduler.pricing import PlacementRequest
 from services.scheduler.timing import StepCoefficients, decode_step_seconds
 
-#: A node waiting to be forecast: (bound on its step, bound on its batch, id, rest of group).
-_Candidate = tuple[float, int, str, "Iterator[_Candidate]"]
+#: A node of a group: (bound on its step, bound on its batch, id, bound on its context).
+_Next = tuple[float, int, str, int]
+#: A node waiting to be forecast, and the rest of its group (None: its bound counts the
+#: sequences on their way to it, and the rest of its group is in the heap already).
+_Candidate = tuple[float, int, str, int, Iterator[_Next] | None]
 _Ranked = tuple[tuple[int, float, int, str], DecodeForecast]
 
 
@@ -70,20 +73,30 @@ def best_decodes(
     heap: list[_Candidate] = []
     for groups in (index.strong, index.weak):
         for group, entries in groups.items():
-            first = next(_walk(view, coef, group, entries, request, alone, takes_work), None)
+            walk = _walk(view, coef, group, entries, request, alone, takes_work)
+            first = next(walk, None)
             if first is not None:
-                heap.append(first)
+                heap.append((*first, walk))
     heapq.heapify(heap)
     complete = True
     while heap:
-        bound, batch, node_id, rest = heapq.heappop(heap)
+        bound, batch, node_id, context, rest = heapq.heappop(heap)
         if len(found) >= k and (0, bound, batch, node_id) > found[k - 1][0]:
             complete = False
             break
+        if rest is not None:
+            following = next(rest, None)
+            if following is not None:
+                heapq.heappush(heap, (*following, rest))
+            # Sequences placed on the node and due by then join its batch: a cheap bound
+            # first, the forecast only if the node can still make the first places.
+            come, tokens = view.arriving_by(node_id, at)
+            if come:
+                context += tokens
+                raised = decode_step_seconds(coef, batch + come, context)
+                heapq.heappush(heap, (raised, batch + come, node_id, context, None))
+                continue
         consider(view.nodes[node_id])
-        following = next(rest, None)
-        if following is not None:
-            heapq.heappush(heap, following)
     ranked = [f for _, f in found]
     if complete and len(ranked) < k:
         ranked += sorted(without_room, key=rank_key)[: k - len(ranked)]
@@ -108,20 +121,13 @@ def _walk(
     request: PlacementRequest,
     alone: set[str],
     takes_work: Callable[[NodeLoad], bool],
-) -> Iterator[_Candidate]:
+) -> Iterator[_Next]:
     """The group's nodes that may take work, in increasing bound."""
     _, batch = group
     prompt = request.num_prompt_tokens
     nodes = view.nodes
-    rest: Iterator[_Candidate] | None = None
-
-    def walk() -> Iterator[_Candidate]:
-        for tokens, node_id in entries:
-            if node_id in alone or not takes_work(nodes[node_id]):
-                continue
-            bound = decode_step_seconds(coef, batch, tokens + prompt)
-            assert rest is not None
-            yield (bound, batch, node_id, rest)
-
-    rest = walk()
-    return rest
+    for tokens, node_id in entries:
+        if node_id in alone or not takes_work(nodes[node_id]):
+            continue
+        context = tokens + prompt
+        yield (decode_step_seconds(coef, batch, context), batch, node_id, context)

@@ -191,21 +191,27 @@ def test_a_changed_step_model_rebuilds_the_decode_index() -> None:
     assert best_decodes(request, view, NOW, NOW + 1, 3) == sorted(every, key=rank_key)[:3]
 
 
-def test_many_alike_nodes_cost_a_handful_of_prices(monkeypatch: pytest.MonkeyPatch) -> None:
-    view = ClusterView(3.0, timing=StepTimes(COEF))
-    for i in range(500):
-        view.update(NodeLoad(f"p{i:03d}", "prefill", (i % 5) * 100, 0, 100, 100, 32, NOW))
-        view.update(NodeLoad(f"d{i:03d}", "decode", 0, i % 3, 100 - i % 3, 100, 32, NOW))
-    priced: list[str] = []
+@pytest.fixture
+def priced(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The nodes ``Pricing.cost_on`` prices from now on, in order."""
+    found: list[str] = []
     cost_on = pricing.Pricing.cost_on
 
     def counting(
         self: pricing.Pricing, node: NodeLoad, model: pricing.Model | None = None
     ) -> PrefillCost:
-        priced.append(node.node_id)
+        found.append(node.node_id)
         return cost_on(self, node, model)
 
     monkeypatch.setattr(pricing.Pricing, "cost_on", counting)
+    return found
+
+
+def test_many_alike_nodes_cost_a_handful_of_prices(priced: list[str]) -> None:
+    view = ClusterView(3.0, timing=StepTimes(COEF))
+    for i in range(500):
+        view.update(NodeLoad(f"p{i:03d}", "prefill", (i % 5) * 100, 0, 100, 100, 32, NOW))
+        view.update(NodeLoad(f"d{i:03d}", "decode", 0, i % 3, 100 - i % 3, 100, 32, NOW))
     request = PlacementRequest(1000, 20)
     common = Shared(1, (f"p{i:03d}" for i in range(0, 500, 2)))
     holders = [PrefixHolder("p377", "dram", 20)]
@@ -215,3 +221,25 @@ def test_many_alike_nodes_cost_a_handful_of_prices(monkeypatch: pytest.MonkeyPat
     every = prefill_costs(request, view, holders, NOW, common=common)
     assert decision.prefill_node == min(every, key=lambda c: c.rank).node_id
     assert decision.decode_nodes == ["d000", "d003", "d006"]
+
+
+@pytest.mark.parametrize("prompt", [40, 700, 3000])
+def test_holders_behind_a_long_run_of_idle_nodes_without_the_prefix(
+    prompt: int, priced: list[str]
+) -> None:
+    """200 idle nodes without the common prefix come first in queue order, its 100 holders
+    (all with a queue) after them: the walk passes over the nodes of a kind it priced already,
+    without pricing them. Pulls are slow, so a holder wins."""
+    view = ClusterView(3.0, timing=StepTimes(COEF), costs=CostParams(default_fetch_bandwidth=1e6))
+    for i in range(300):
+        queued = 0 if i < 200 else i % 7 + 1
+        view.update(NodeLoad(f"p{i:03d}", "prefill", queued, 0, 9, 9, 32, NOW))
+    view.update(NodeLoad("d", "decode", 0, 0, 1000, 1000, 32, NOW))
+    common = Shared(1, (f"p{i:03d}" for i in range(200, 300)))
+    request = PlacementRequest(prompt, 8)
+    every = prefill_costs(request, view, [], NOW, common=common)
+    del priced[:]
+    chosen = cheapest_prefill(request, view, [], NOW, common=common)
+    assert chosen == min(every, key=lambda c: c.rank)
+    assert chosen is not None and chosen.node_id in common.ids
+    assert len(priced) <= 2

@@ -11,7 +11,8 @@ chain's tail (it is evicted first when it ranks lowest) without cutting into its
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from services.tierd.policy import (
     AccessHistory,
@@ -34,7 +35,40 @@ def block_key(hash_id: int) -> bytes:
     return hash_id.to_bytes(8, "big")
 
 
-class BlockPool:
+class PrefixCache(Protocol):
+    """What the cluster simulator needs of a pool: ``BlockPool`` or ``belady.OptimalPool``."""
+
+    hits: int
+    requested: int
+
+    def lookup(self, hash_ids: Sequence[int]) -> int: ...
+
+    def access(self, hash_ids: Sequence[int], now: float) -> int: ...
+
+    def __contains__(self, hash_id: object) -> bool: ...
+
+    def __len__(self) -> int: ...
+
+
+class HitCounters:
+    """Blocks requested and found as a cached prefix, over every request served so far."""
+
+    def __init__(self) -> None:
+        self.hits = 0
+        self.requested = 0
+        self.evictions = 0
+
+    @property
+    def hit_rate(self) -> float:
+        """Blocks found as a cached prefix ÷ blocks requested (0 before any request)."""
+        return self.hits / self.requested if self.requested else 0.0
+
+    def _count(self, hits: int, requested: int) -> None:
+        self.hits += hits
+        self.requested += requested
+
+
+class BlockPool(HitCounters):
     """Owns the set of blocks a pool of ``capacity_blocks`` uniform blocks holds (None: no
     limit), their use, and the hit counters.
 
@@ -63,10 +97,12 @@ class BlockPool:
         if history_blocks is None and capacity_blocks is not None:
             history_blocks = HISTORY_PER_BLOCK * capacity_blocks
         self._history = AccessHistory(history_blocks)
+        # A learning policy (crescent) is told of every store and read, and its ranks are
+        # redone when what it learned changes them.
+        self._observe: Callable[[int], None] | None = getattr(self.policy, "observe", None)
+        self._rank_version = self._policy_rank_version()
         self._clock = float("-inf")
-        self.hits = 0
-        self.requested = 0
-        self.evictions = 0
+        super().__init__()
 
     def __len__(self) -> int:
         return len(self._index)
@@ -75,13 +111,18 @@ class BlockPool:
         return isinstance(hash_id, int) and block_key(hash_id) in self._index
 
     @property
-    def hit_rate(self) -> float:
-        """Blocks found as a cached prefix ÷ blocks requested (0 before any request)."""
-        return self.hits / self.requested if self.requested else 0.0
-
-    @property
     def held_bytes(self) -> int:
         return len(self._index) * self.block_bytes
+
+    @property
+    def infos(self) -> Mapping[bytes, BlockInfo]:
+        """What the policy sees of each held block (keys: ``block_key`` of the hash id)."""
+        return self._index.blocks
+
+    def next_victim(self) -> int | None:
+        """The hash id the pool would evict next, if any."""
+        victim = self._index.peek()
+        return None if victim is None else int.from_bytes(victim.block_hash, "big")
 
     def lookup(self, hash_ids: Sequence[int]) -> int:
         """How many leading blocks of ``hash_ids`` are held; changes nothing."""
@@ -97,16 +138,22 @@ class BlockPool:
         """Serves one request at ``now`` (seconds): counts its leading hits, reads or stores
         every block, evicts down to capacity; returns the leading hits."""
         hits = self.lookup(hash_ids)
-        self.hits += hits
-        self.requested += len(hash_ids)
+        self._count(hits, len(hash_ids))
         parent = ROOT
         for depth, hash_id in enumerate(hash_ids):
             self._clock = stamp = max(now, self._clock + TICK_S)
             key = block_key(hash_id)
             self._touch(key, parent, depth, stamp)
             parent = key
+        version = self._policy_rank_version()
+        if version != self._rank_version:
+            self._rank_version = version
+            self._index.rerank()
         self._evict()
         return hits
+
+    def _policy_rank_version(self) -> int:
+        return int(getattr(self.policy, "rank_version", 0))
 
     def _touch(self, key: bytes, parent: bytes, depth: int, stamp: float) -> None:
         index = self._index
@@ -114,11 +161,14 @@ class BlockPool:
         if info is not None:
             info.last_access = stamp
             info.access_count += 1
+            count = info.access_count
             index.update(key)
-            return
-        seen = self._history.recall(key)
-        count = 0 if seen is None else seen + 1
-        index.add(BlockInfo(key, parent, self.block_bytes, depth, stamp, stamp, count))
+        else:
+            seen = self._history.recall(key)
+            count = 0 if seen is None else seen + 1
+            index.add(BlockInfo(key, parent, self.block_bytes, depth, stamp, stamp, count))
+        if self._observe is not None:
+            self._observe(count)
 
     def _evict(self) -> None:
         capacity = self.capacity_blocks

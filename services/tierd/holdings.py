@@ -5,7 +5,7 @@ drive it too.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from services.tierd.policy import BlockInfo, EvictionPolicy, admits, chain_depths
@@ -38,6 +38,8 @@ class Holdings:
 
     def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
+        # A learning policy (crescent) is told of each store and read.
+        self._observe: Callable[[int], None] | None = getattr(policy, "observe", None)
         self.blocks: dict[bytes, Held] = {}
         self.quota_used: dict[bytes, int] = {}
 
@@ -56,6 +58,8 @@ class Holdings:
             key = header.quota_key
             if header.num_bytes > 0:
                 self.quota_used[key] = self.quota_used.get(key, 0) + header.num_bytes
+            if self._observe is not None:
+                self._observe(0)
         held.tiers.add(tier)
 
     def remove(self, block_hash: bytes, tier: str) -> bool:
@@ -81,6 +85,8 @@ class Holdings:
             if held is not None:
                 held.last_access = max(held.last_access, now)
                 held.access_count += 1
+                if self._observe is not None:
+                    self._observe(held.access_count)
 
     def bytes_in(self, tier: str) -> int:
         return sum(h.header.num_bytes for h in self.blocks.values() if tier in h.tiers)

@@ -14,11 +14,11 @@ incrementally (one heap update per read) instead of re-sorting every block per e
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from services.tierd.reuse import AccessHistory, ReuseStatistics
 from services.tierd.victim_index import BlockInfo, Rank, VictimIndex, tail_first_victims
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Rank",
     "RecomputeAwarePolicy",
     "RecomputeModel",
+    "ReuseStatistics",
     "VictimIndex",
     "admits",
     "chain_depths",
@@ -132,53 +133,84 @@ class RecomputeAwarePolicy(_RankedPolicy):
 
 
 class CrescentPolicy(_RankedPolicy):
-    """Lowest expected recompute time saved per byte first.
+    """Lowest expected value per byte first: for a block read k times,
 
-    A block's reuse is estimated by an exponentially decayed access frequency,
-    ``f = (access_count + prior_accesses) · 2^(−age / half_life_s)`` with ``age`` the time since
-    its last access: recency and frequency in one number, where each read is worth a fresh
-    block's whole prior and ``half_life_s`` sets how long past reads keep protecting it. A hit
-    on a block saves recomputing it, ``RecomputeModel.seconds(depth)`` (deeper blocks attend to
-    more context); the value per byte is ``f · seconds^cost_weight / num_bytes``.
+        value = P(read again | k) · 2^(−age / half_life_s) · seconds^cost_weight / num_bytes
 
-    ``cost_weight`` below 1 damps the premium of depth: a block's hit needs its whole prefix held
-    too, and a deep block's own count says nothing of that, so full weight keeps long chains at
-    the expense of many more shallow hits. 0 ranks by reuse alone.
+    with ``age`` the time since its last access and ``seconds`` what a hit saves, the time to
+    recompute the block at its depth (``RecomputeModel``: deeper blocks attend to more context).
 
-    The rank is ``log2`` of the value at time 0: every block's value halves each
-    ``half_life_s``, so the order at any later time is the same and needs no clock. Among
-    equals, least recently used.
+    The reuse probability is learned from the tier's own stores and reads (``observe``, see
+    ``ReuseStatistics``; the tier remembers the counts of blocks it dropped a while, so a block
+    that returns is not taken for new). Until anything is learned every count gets an even
+    chance and the order is LRU's. So frequency counts for exactly as much as it predicts:
+    where a block read often is no likelier to come back (conversations that end at random)
+    the order stays LRU's; where it is (shared prompts, popular documents, the conversation
+    trace) blocks read often outlive fresh ones. The decay is recency: a block unread for
+    ``half_life_s`` is worth half as much, so a probability twice another's buys that long.
+
+    ``cost_weight`` prices depth: 1 weighs a hit by the recompute time it saves, 0 (the
+    default) ranks by reuse alone. A deep block's hit needs its whole prefix held too, which
+    its own count does not see; on the conversation trace a weight of 0.25 saves a few percent
+    more recompute time and finds a few percent fewer blocks.
+
+    The rank is ``log2`` of the value at time 0. Every value halves each ``half_life_s``, so
+    the order at any later time is the same: ranks need no clock, and change for blocks not
+    read only when the learned table is refreshed (``rank_version`` counts those changes;
+    refreshes come after 1,000 observations, then at doubling intervals up to every 65,536).
+    Among equals, least recently used.
     """
 
     name = "crescent"
+    refresh_first = 1_000
+    refresh_most = 65_536
+    #: A refreshed table replaces the one in use only if some class moved by more (in bits).
+    refresh_tolerance = 0.02
 
     def __init__(
         self,
-        half_life_s: float = 300.0,
-        prior_accesses: float = 1.0,
-        cost_weight: float = 0.25,
+        half_life_s: float = 200.0,
+        cost_weight: float = 0.0,
+        reuse: ReuseStatistics | None = None,
         **model: Any,
     ) -> None:
         if half_life_s <= 0:
             raise ValueError(f"half_life_s must be positive, got {half_life_s}")
-        if prior_accesses <= 0:
-            raise ValueError(f"prior_accesses must be positive, got {prior_accesses}")
         self.half_life_s = half_life_s
-        self.prior_accesses = prior_accesses
         self.cost_weight = cost_weight
         self.model = RecomputeModel(**model)
+        self.reuse = reuse if reuse is not None else ReuseStatistics()
+        self.rank_version = 0
+        self._log_reuse = [math.log2(p) for p in self.reuse.table()]
+        self._refresh_every = self.refresh_first
+        self._until_refresh = self.refresh_first
 
-    def frequency(self, info: BlockInfo, now: float) -> float:
-        age = max(now - info.last_access, 0.0)
-        return (info.access_count + self.prior_accesses) * math.exp2(-age / self.half_life_s)
+    def observe(self, access_count: int) -> None:
+        """A block was stored (``access_count`` 0) or read (its count after the read)."""
+        self.reuse.observe(access_count)
+        self._until_refresh -= 1
+        if self._until_refresh > 0:
+            return
+        self._refresh_every = min(2 * self._refresh_every, self.refresh_most)
+        self._until_refresh = self._refresh_every
+        table = [math.log2(p) for p in self.reuse.table()]
+        moved = max(abs(a - b) for a, b in zip(table, self._log_reuse, strict=True))
+        if moved > self.refresh_tolerance:
+            self._log_reuse = table
+            self.rank_version += 1
+
+    def reuse_probability(self, info: BlockInfo) -> float:
+        return math.exp2(self._log_reuse[min(info.access_count, self.reuse.top)])
 
     def value(self, info: BlockInfo, now: float) -> float:
+        age = max(now - info.last_access, 0.0)
         saved = self.model.seconds(info.depth) ** self.cost_weight
-        return self.frequency(info, now) * saved / max(info.num_bytes, 1)
+        decayed = self.reuse_probability(info) * math.exp2(-age / self.half_life_s)
+        return decayed * saved / max(info.num_bytes, 1)
 
     def rank(self, info: BlockInfo, now: float) -> Rank:
         log_value = (
-            math.log2(info.access_count + self.prior_accesses)
+            self._log_reuse[min(info.access_count, self.reuse.top)]
             + info.last_access / self.half_life_s
             + self.cost_weight * math.log2(max(self.model.seconds(info.depth), 1e-12))
             - math.log2(max(info.num_bytes, 1))
@@ -237,33 +269,3 @@ def victim_index(policy: EvictionPolicy) -> VictimIndex:
     if rank is None or not getattr(policy, "time_invariant", False):
         raise ValueError(f"policy {policy.name!r} has no clock-free rank to index")
     return VictimIndex(lambda info: rank(info, info.last_access))
-
-
-class AccessHistory:
-    """Remembers how often the tier's most recently dropped blocks had been used, so a block
-    that comes back counts as reused rather than new (the ghost entries of 2Q and ARC).
-
-    Invariant: at most ``capacity`` blocks are remembered (None: no limit, 0: none); when full,
-    the block dropped longest ago is forgotten first.
-    """
-
-    def __init__(self, capacity: int | None) -> None:
-        if capacity is not None and capacity < 0:
-            raise ValueError(f"capacity must be non-negative, got {capacity}")
-        self.capacity = capacity
-        self._counts: OrderedDict[bytes, int] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._counts)
-
-    def remember(self, block_hash: bytes, access_count: int) -> None:
-        if self.capacity == 0:
-            return
-        self._counts[block_hash] = access_count
-        self._counts.move_to_end(block_hash)
-        if self.capacity is not None and len(self._counts) > self.capacity:
-            self._counts.popitem(last=False)
-
-    def recall(self, block_hash: bytes) -> int | None:
-        """The dropped block's access count, forgotten as it is recalled; None if unknown."""
-        return self._counts.pop(block_hash, None)

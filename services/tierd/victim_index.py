@@ -10,6 +10,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 Rank = tuple[float, ...]
 _Entry = tuple[Rank, int, bytes]  # (rank, -depth, hash): the heap's order
@@ -74,6 +75,11 @@ class VictimIndex:
     def get(self, block_hash: bytes) -> BlockInfo | None:
         return self._blocks.get(block_hash)
 
+    @property
+    def blocks(self) -> Mapping[bytes, BlockInfo]:
+        """The held blocks, read-only."""
+        return MappingProxyType(self._blocks)
+
     def evictable(self, block_hash: bytes) -> bool:
         """Whether the block is held and no held block has it as parent."""
         return block_hash in self._blocks and block_hash not in self._children
@@ -96,6 +102,15 @@ class VictimIndex:
         info = self._blocks[block_hash]
         if block_hash not in self._children:
             self._push(info)
+
+    def rerank(self) -> None:
+        """Ranks every evictable block again, for a rank whose parameters changed."""
+        self._live.clear()
+        for block_hash, info in self._blocks.items():
+            if block_hash not in self._children:
+                self._mark(info)
+        self._heap = list(self._live.values())
+        heapq.heapify(self._heap)
 
     def remove(self, block_hash: bytes) -> BlockInfo:
         """Forgets a held block (KeyError if not held); a parent left with no held child becomes

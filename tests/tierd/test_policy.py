@@ -19,6 +19,7 @@ from services.tierd.policy import (
     chain_depths,
     make_policy,
 )
+from services.tierd.reuse import ReuseStatistics
 from tests.tierd.infos import FOREST, ROOT, block, blocks, h, names
 
 
@@ -71,29 +72,63 @@ def test_recompute_evicts_what_is_cheap_to_recompute_per_byte() -> None:
     assert names(policy.victims(chain, 20, now=0)) == ["r1", "r0"]
 
 
-def test_crescent_weighs_reuse_against_recompute_cost() -> None:
+def _learned(top: int = 2, **counts: int) -> ReuseStatistics:
+    """Statistics that saw ``c<k>`` blocks reach exactly k reads (and ``more`` beyond top)."""
+    stats = ReuseStatistics(top=top, smoothing=1e-9)
+    for name, n in counts.items():
+        reads = top + 1 if name == "more" else int(name[1:])
+        for _ in range(n):
+            stats.observe(reads)
+    return stats
+
+
+def test_crescent_weighs_learned_reuse_against_recompute_cost() -> None:
+    # Learned: of 80 blocks stored, 20 were read; of those, 10 again; 10 more reached 2 reads
+    # (from remembered counts) and went on 30 times: P(again) = 1/4, 1/2, 3/4 for 0, 1, 2+.
+    stats = _learned(c0=80, c1=20, c2=10, more=30)
+    assert stats.table() == pytest.approx([0.25, 0.5, 0.75])
     model: dict[str, Any] = dict(block_size=4, base_s=0.0, per_token_s=1.0, per_attention_s=1.0)
-    policy = CrescentPolicy(half_life_s=10, prior_accesses=1, cost_weight=1, **model)
+    policy = CrescentPolicy(half_life_s=10, cost_weight=1, reuse=stats, **model)
     now = 100.0
-    hot = block("hot", depth=0, last=now, count=3)  # f = 4
-    faded = block("faded", depth=0, last=now - 10, count=3)  # f = 4 / 2
-    fresh = block("fresh", depth=0, last=now, count=0)  # f = 1
-    deep = block("deep", depth=3, last=now, count=0)  # f = 1, 60 s to recompute
-    assert policy.frequency(hot, now) == pytest.approx(4)
-    assert policy.frequency(faded, now) == pytest.approx(2)
-    assert policy.value(fresh, now) == pytest.approx(1 * 12 / 10)
-    assert policy.value(deep, now) == pytest.approx(1 * 60 / 10)
-    assert policy.value(hot, now) == pytest.approx(4 * 12 / 10)
+    hot = block("hot", depth=0, last=now, count=3)  # 3/4
+    faded = block("faded", depth=0, last=now - 10, count=3)  # 3/4, halved
+    fresh = block("fresh", depth=0, last=now, count=0)  # 1/4
+    deep = block("deep", depth=3, last=now, count=0)  # 1/4, 60 s to recompute
+    assert policy.reuse_probability(hot) == pytest.approx(0.75)
+    assert policy.value(faded, now) == pytest.approx(0.375 * 12 / 10)
+    assert policy.value(fresh, now) == pytest.approx(0.25 * 12 / 10)
+    assert policy.value(deep, now) == pytest.approx(0.25 * 60 / 10)
     infos = blocks(hot, faded, fresh, deep)
-    # Values 1.2 (fresh), 2.4 (faded), 4.8 (hot), 6 (deep): the never-read deep block outlasts
-    # the popular shallow one, which saves a fifth as much per hit.
+    # Values 0.3 (fresh), 0.45 (faded), 0.9 (hot), 1.5 (deep): the never-read deep block
+    # outlasts the popular shallow one, which saves a fifth as much per hit.
     assert names(policy.victims(infos, 40, now=now)) == ["fresh", "faded", "hot", "deep"]
-    # Without the cost, reuse alone: the deep block is as fresh as the fresh one and deeper.
-    by_reuse = CrescentPolicy(half_life_s=10, prior_accesses=1, cost_weight=0, **model)
+    # Reuse alone: the deep block is as fresh and as likely as the fresh one, and deeper.
+    by_reuse = CrescentPolicy(half_life_s=10, cost_weight=0, reuse=stats, **model)
     assert names(by_reuse.victims(infos, 40, now=now)) == ["deep", "fresh", "faded", "hot"]
     # Time passing without reads makes even a hot block cheap: 100 s is ten half-lives.
     later = blocks(hot, block("other", depth=0, last=now + 100, count=0))
     assert names(policy.victims(later, 10, now=now + 100)) == ["hot"]
+
+
+def test_crescent_is_lru_until_it_learns_and_refreshes_its_ranks() -> None:
+    policy = CrescentPolicy(half_life_s=10)
+    infos = blocks(block("old-hot", last=1, count=5), block("mid", last=3), block("new", last=5))
+    # Nothing learned: every count has an even chance, so least recent first.
+    assert names(policy.victims(infos, 30, now=6)) == ["old-hot", "mid", "new"]
+    # The tier stores ten blocks for each one it reads nine times over: a block once read is
+    # read again, one never read seldom is. Ranks move only at the first refresh.
+    rounds = [0] * 10 + list(range(1, 10))
+    observed = (rounds * CrescentPolicy.refresh_first)[: CrescentPolicy.refresh_first]
+    for reads in observed[:-1]:
+        policy.observe(reads)
+    assert policy.rank_version == 0
+    assert names(policy.victims(infos, 30, now=6)) == ["old-hot", "mid", "new"]
+    policy.observe(observed[-1])
+    assert policy.rank_version == 1
+    assert policy.reuse_probability(infos[h("old-hot")]) > 0.9
+    assert policy.reuse_probability(infos[h("new")]) < 0.2
+    # Read five times, it outlives two blocks never read though they are fresher.
+    assert names(policy.victims(infos, 30, now=6)) == ["mid", "new", "old-hot"]
 
 
 @pytest.mark.parametrize("cost_weight", [0.0, 0.25, 1.0])
@@ -101,7 +136,8 @@ def test_crescent_ranks_by_value_whatever_the_clock(cost_weight: float) -> None:
     # The rank is the log of the value at time 0, so it orders blocks as their value does at
     # any later time, and the rank itself never moves with the clock.
     rng = random.Random(int(cost_weight * 100))
-    policy = CrescentPolicy(half_life_s=30, cost_weight=cost_weight)
+    stats = _learned(top=4, c0=100, c1=40, c2=30, c3=10, c4=9, more=30)
+    policy = CrescentPolicy(half_life_s=30, cost_weight=cost_weight, reuse=stats)
     infos = [
         block(f"b{i}", depth=rng.randrange(40), last=rng.uniform(0, 100), count=rng.randrange(9))
         for i in range(40)
@@ -113,8 +149,6 @@ def test_crescent_ranks_by_value_whatever_the_clock(cost_weight: float) -> None:
         assert all(policy.rank(i, now) == policy.rank(i, 0.0) for i in infos)
     with pytest.raises(ValueError, match="half_life_s"):
         CrescentPolicy(half_life_s=0)
-    with pytest.raises(ValueError, match="prior_accesses"):
-        CrescentPolicy(prior_accesses=0)
 
 
 def _random_forest(rng: random.Random, n: int) -> dict[bytes, BlockInfo]:
@@ -187,8 +221,9 @@ def test_make_policy_knows_its_names() -> None:
         "recompute",
         "crescent",
     }
-    crescent = make_policy("crescent", half_life_s=5, block_size=16)
+    crescent = make_policy("crescent", half_life_s=5, cost_weight=0.5, block_size=16)
     assert isinstance(crescent, CrescentPolicy) and crescent.half_life_s == 5
+    assert crescent.cost_weight == 0.5
     assert crescent.model.block_size == 16
     with pytest.raises(ValueError, match="unknown eviction policy"):
         make_policy("fifo")

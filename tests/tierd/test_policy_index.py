@@ -1,5 +1,4 @@
-"""The incremental victim index against the policies' own one-shot choice, and the access
-history that outlives eviction."""
+"""The incremental victim index against the policies' own one-shot choice."""
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import pytest
 
 from services.tierd.policy import (
     POLICIES,
-    AccessHistory,
     BlockInfo,
     VictimIndex,
     make_policy,
@@ -108,24 +106,3 @@ def test_only_clock_free_ranks_are_indexed() -> None:
 
     with pytest.raises(ValueError, match="clock-free"):
         victim_index(Drifting())  # type: ignore[arg-type]
-
-
-def test_the_history_remembers_the_last_dropped_blocks() -> None:
-    history = AccessHistory(2)
-    history.remember(h("a"), 3)
-    history.remember(h("b"), 1)
-    history.remember(h("a"), 4)  # dropped again: now the most recent
-    history.remember(h("c"), 0)
-    assert len(history) == 2
-    assert history.recall(h("b")) is None  # forgotten first
-    assert history.recall(h("a")) == 4 and history.recall(h("a")) is None
-    assert history.recall(h("c")) == 0
-    none = AccessHistory(0)
-    none.remember(h("a"), 1)
-    assert len(none) == 0 and none.recall(h("a")) is None
-    unlimited = AccessHistory(None)
-    for i in range(100):
-        unlimited.remember(_key(i), i)
-    assert len(unlimited) == 100 and unlimited.recall(_key(7)) == 7
-    with pytest.raises(ValueError):
-        AccessHistory(-1)

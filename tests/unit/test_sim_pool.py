@@ -81,6 +81,22 @@ def test_invariants_hold_on_random_traces(name: str) -> None:
         assert pool.requested == requested and 0 <= pool.hits <= requested
 
 
+def test_a_learning_policy_s_order_stays_its_own_after_it_relearns() -> None:
+    # crescent refreshes what it learned (rank_version) as blocks come and go; the pool's
+    # next victim is still the one the policy picks from scratch.
+    rng = random.Random(11)
+    trace = random_trace(rng, 1_500)
+    pool = BlockPool(40, "crescent")
+    checked = 0
+    for t, ids in enumerate(trace):
+        pool.access(ids, float(t))
+        if t % 25 == 0:
+            expected = pool.policy.victims(dict(pool.infos), 1, now=float(t))
+            assert pool.next_victim() == int.from_bytes(expected[0], "big")
+            checked += 1
+    assert getattr(pool.policy, "rank_version", 0) >= 2 and checked == 60
+
+
 def test_without_a_capacity_nothing_is_evicted() -> None:
     rng = random.Random(9)
     trace = random_trace(rng, 200)

@@ -1,0 +1,204 @@
+"""Hit rates of tierd's eviction policies and of the offline optimum on one global pool, by
+capacity: the cache side of ``crescent sim``, reproducible with
+
+    .venv/bin/python -m crescent.sim.hitrate --capacities 1000,10000,30000,50000,100000,inf \\
+        --policies lru,lfu,recompute,crescent,belady [--workload trace|shared-prefix|...] [--json]
+
+A hit is a block found as part of a request's cached prefix; the hit rate is hits ÷ blocks
+requested. ``--measure seconds`` weighs each hit by the recompute time it saves instead (the
+share of all prefill recompute seconds saved, by tierd's default ``RecomputeModel``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+from crescent.sim.belady import OptimalPool
+from crescent.sim.pool import BlockPool
+from crescent.sim.synthetic import WORKLOADS
+from crescent.traces import CONVERSATION_TRACE, TraceRecord, load_trace
+from services.tierd.policy import POLICIES, RecomputeModel
+
+OPTIMUM = "belady"
+POLICY_NAMES = (*POLICIES, OPTIMUM)
+DEFAULT_CAPACITIES = "1000,10000,30000,50000,100000,inf"
+
+
+@dataclass(frozen=True, slots=True)
+class HitRate:
+    """One policy's result at one capacity (None: unlimited)."""
+
+    policy: str
+    capacity_blocks: int | None
+    hits: float  # blocks, or recompute seconds with ``measure="seconds"``
+    requested: float
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.requested if self.requested else 0.0
+
+
+def _weights(measure: str, longest: int) -> list[float]:
+    """Cumulative weight of the first ``n`` blocks of a prompt, for n = 0..longest."""
+    if measure == "hits":
+        return [float(n) for n in range(longest + 1)]
+    if measure != "seconds":
+        raise ValueError(f"unknown measure {measure!r}: hits or seconds")
+    model = RecomputeModel()
+    out = [0.0]
+    for depth in range(longest):
+        out.append(out[-1] + model.seconds(depth))
+    return out
+
+
+def replay(
+    records: Sequence[TraceRecord],
+    policy: str,
+    capacity_blocks: int | None,
+    measure: str = "hits",
+) -> HitRate:
+    """Serves ``records`` in order through a pool of ``policy`` (or the optimum)."""
+    requests = [r.hash_ids for r in records]
+    weight = _weights(measure, max((len(ids) for ids in requests), default=0))
+    pool: BlockPool | OptimalPool
+    if policy == OPTIMUM:
+        pool = OptimalPool(requests, capacity_blocks)
+    else:
+        pool = BlockPool(capacity_blocks, policy)
+    hits = requested = 0.0
+    for record, ids in zip(records, requests, strict=True):
+        found = pool.access(ids, record.timestamp_ms / 1000)
+        hits += weight[found]
+        requested += weight[len(ids)]
+    return HitRate(policy, capacity_blocks, hits, requested)
+
+
+def hit_rates(
+    records: Sequence[TraceRecord],
+    policy_names: Iterable[str],
+    capacities: Iterable[int | None],
+    measure: str = "hits",
+    progress: Progress | None = None,
+) -> list[HitRate]:
+    """Every policy at every capacity, policies outer."""
+    runs = [(p, c) for p in policy_names for c in capacities]
+    task = progress.add_task("replaying", total=len(runs)) if progress else None
+    out: list[HitRate] = []
+    for policy, capacity in runs:
+        out.append(replay(records, policy, capacity, measure))
+        if progress is not None and task is not None:
+            progress.advance(task)
+    return out
+
+
+def gap_closed(rows: Iterable[HitRate], policy: str, baseline: str = "lru") -> dict[str, float]:
+    """By capacity label: the share of the baseline-to-optimum gap ``policy`` closes (absent
+    where the table lacks either, or the gap is nil)."""
+    rate = {(r.policy, label(r.capacity_blocks)): r.hit_rate for r in rows}
+    out: dict[str, float] = {}
+    for (name, cap), value in rate.items():
+        low, high = rate.get((baseline, cap)), rate.get((OPTIMUM, cap))
+        if name == policy and low is not None and high is not None and high - low > 1e-9:
+            out[cap] = (value - low) / (high - low)
+    return out
+
+
+def label(capacity: int | None) -> str:
+    if capacity is None:
+        return "inf"
+    return f"{capacity // 1000}K" if capacity >= 1000 and capacity % 1000 == 0 else str(capacity)
+
+
+def parse_capacities(text: str) -> list[int | None]:
+    out: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        out.append(None if part in ("inf", "unlimited", "none") else int(part))
+    return out
+
+
+def markdown_table(rows: Sequence[HitRate]) -> str:
+    """Policies as rows, capacities as columns, and the share of the LRU-to-optimum gap each
+    policy closes where both are in the table."""
+    capacities = list(dict.fromkeys(label(r.capacity_blocks) for r in rows))
+    policies = list(dict.fromkeys(r.policy for r in rows))
+    rate = {(r.policy, label(r.capacity_blocks)): r.hit_rate for r in rows}
+    lines = [
+        "| policy | " + " | ".join(capacities) + " |",
+        "|---|" + "---:|" * len(capacities),
+    ]
+    for policy in policies:
+        cells = [f"{rate[(policy, c)]:.4f}" if (policy, c) in rate else "" for c in capacities]
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    for policy in policies:
+        gaps = gap_closed(rows, policy)
+        if policy not in ("lru", OPTIMUM) and gaps:
+            cells = [f"{gaps[c]:.0%}" if c in gaps else "" for c in capacities]
+            lines.append(f"| {policy}: gap closed | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def load_records(args: argparse.Namespace) -> list[TraceRecord]:
+    if args.workload == "trace":
+        return load_trace(args.trace, args.limit)
+    records = WORKLOADS[args.workload](seed=args.seed)
+    return records[: args.limit] if args.limit is not None else records
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m crescent.sim.hitrate",
+        description="Hit rates of eviction policies and the offline optimum by pool capacity.",
+    )
+    parser.add_argument("--workload", choices=["trace", *WORKLOADS], default="trace")
+    parser.add_argument("--trace", type=Path, default=CONVERSATION_TRACE)
+    parser.add_argument("--limit", type=int, default=None, help="first N requests only")
+    parser.add_argument("--seed", type=int, default=0, help="for the synthetic workloads")
+    parser.add_argument("--capacities", default=DEFAULT_CAPACITIES, help="blocks; inf: none")
+    parser.add_argument("--policies", default=",".join(POLICY_NAMES))
+    parser.add_argument("--measure", choices=["hits", "seconds"], default="hits")
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        parser.error(f"unknown policies {unknown}; choose from {list(POLICY_NAMES)}")
+    capacities = parse_capacities(args.capacities)
+    records = load_records(args)
+    with Progress(console=Console(stderr=True), transient=True) as progress:
+        rows = hit_rates(records, policies, capacities, args.measure, progress)
+    if args.json:
+        print(json.dumps(to_json(args, records, rows)))
+    else:
+        print(markdown_table(rows))
+    return 0
+
+
+def to_json(
+    args: argparse.Namespace, records: Sequence[TraceRecord], rows: list[HitRate]
+) -> dict[str, object]:
+    return {
+        "workload": args.workload if args.workload != "trace" else str(args.trace),
+        "requests": len(records),
+        "blocks_requested": sum(len(r.hash_ids) for r in records),
+        "measure": args.measure,
+        "hit_rate": {
+            p: {label(r.capacity_blocks): r.hit_rate for r in rows if r.policy == p}
+            for p in dict.fromkeys(r.policy for r in rows)
+        },
+        "gap_closed": {
+            p: gap_closed(rows, p) for p in dict.fromkeys(r.policy for r in rows) if p != OPTIMUM
+        },
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

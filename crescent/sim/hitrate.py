@@ -2,7 +2,8 @@
 capacity: the cache side of ``crescent sim``, reproducible with
 
     .venv/bin/python -m crescent.sim.hitrate --capacities 1000,10000,30000,50000,100000,inf \\
-        --policies lru,lfu,recompute,crescent,belady [--workload trace|shared-prefix|...] [--json]
+        --policies lru,lfu,recompute,crescent,belady [--workload trace|shared-prefix|...] \\
+        [--param crescent.half_life_s=300] [--json]
 
 A hit is a block found as part of a request's cached prefix; the hit rate is hits ÷ blocks
 requested. ``--measure seconds`` weighs each hit by the recompute time it saves instead (the
@@ -14,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,14 +25,39 @@ from rich.console import Console
 from rich.progress import Progress
 
 from crescent.sim.belady import OptimalPool
-from crescent.sim.pool import BlockPool
+from crescent.sim.pool import BlockPool, HitCounters
 from crescent.sim.synthetic import WORKLOADS
 from crescent.traces import CONVERSATION_TRACE, TraceRecord, load_trace
-from services.tierd.policy import POLICIES, RecomputeModel
+from services.tierd.policy import POLICIES, RecomputeModel, make_policy
 
 OPTIMUM = "belady"
-POLICY_NAMES = (*POLICIES, OPTIMUM)
+PLAIN_LRU = "plain-lru"
+POLICY_NAMES = (*POLICIES, OPTIMUM, PLAIN_LRU)
+DEFAULT_POLICIES = (*POLICIES, OPTIMUM)
 DEFAULT_CAPACITIES = "1000,10000,30000,50000,100000,inf"
+
+
+class PlainLru(HitCounters):
+    """The textbook LRU over block ids, blind to prefixes: it evicts a chain's head as readily
+    as its tail, one block as each id past capacity is stored. Not one of tierd's policies: the
+    independent replay that the pool's prefix-aware LRU is checked against (``plain-lru``)."""
+
+    def __init__(self, capacity_blocks: int | None) -> None:
+        super().__init__()
+        self.capacity_blocks = capacity_blocks
+        self._order: OrderedDict[int, None] = OrderedDict()
+
+    def access(self, hash_ids: Sequence[int], now: float = 0.0) -> int:
+        order = self._order
+        hits = next((i for i, h in enumerate(hash_ids) if h not in order), len(hash_ids))
+        self._count(hits, len(hash_ids))
+        for hash_id in hash_ids:
+            order[hash_id] = None
+            order.move_to_end(hash_id)
+            if self.capacity_blocks is not None and len(order) > self.capacity_blocks:
+                order.popitem(last=False)
+                self.evictions += 1
+        return hits
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +68,7 @@ class HitRate:
     capacity_blocks: int | None
     hits: float  # blocks, or recompute seconds with ``measure="seconds"``
     requested: float
+    replay_s: float = 0.0  # wall-clock seconds the replay took
 
     @property
     def hit_rate(self) -> float:
@@ -64,21 +93,26 @@ def replay(
     policy: str,
     capacity_blocks: int | None,
     measure: str = "hits",
+    params: Mapping[str, float] | None = None,
 ) -> HitRate:
-    """Serves ``records`` in order through a pool of ``policy`` (or the optimum)."""
+    """Serves ``records`` in order through a pool of ``policy`` (or the optimum), the policy
+    built with ``params``."""
+    started = time.perf_counter()
     requests = [r.hash_ids for r in records]
     weight = _weights(measure, max((len(ids) for ids in requests), default=0))
-    pool: BlockPool | OptimalPool
+    pool: BlockPool | OptimalPool | PlainLru
     if policy == OPTIMUM:
         pool = OptimalPool(requests, capacity_blocks)
+    elif policy == PLAIN_LRU:
+        pool = PlainLru(capacity_blocks)
     else:
-        pool = BlockPool(capacity_blocks, policy)
+        pool = BlockPool(capacity_blocks, make_policy(policy, **(params or {})))
     hits = requested = 0.0
     for record, ids in zip(records, requests, strict=True):
         found = pool.access(ids, record.timestamp_ms / 1000)
         hits += weight[found]
         requested += weight[len(ids)]
-    return HitRate(policy, capacity_blocks, hits, requested)
+    return HitRate(policy, capacity_blocks, hits, requested, time.perf_counter() - started)
 
 
 def hit_rates(
@@ -87,13 +121,14 @@ def hit_rates(
     capacities: Iterable[int | None],
     measure: str = "hits",
     progress: Progress | None = None,
+    params: Mapping[str, Mapping[str, float]] | None = None,
 ) -> list[HitRate]:
-    """Every policy at every capacity, policies outer."""
+    """Every policy at every capacity, policies outer; ``params`` by policy name."""
     runs = [(p, c) for p in policy_names for c in capacities]
     task = progress.add_task("replaying", total=len(runs)) if progress else None
     out: list[HitRate] = []
     for policy, capacity in runs:
-        out.append(replay(records, policy, capacity, measure))
+        out.append(replay(records, policy, capacity, measure, (params or {}).get(policy)))
         if progress is not None and task is not None:
             progress.advance(task)
     return out
@@ -125,6 +160,21 @@ def parse_capacities(text: str) -> list[int | None]:
     return out
 
 
+def parse_params(items: Iterable[str]) -> dict[str, dict[str, float]]:
+    """``POLICY.NAME=VALUE`` items as parameters by policy; ValueError on a malformed one."""
+    out: dict[str, dict[str, float]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        policy, dot, name = key.partition(".")
+        if not (sep and dot and policy and name):
+            raise ValueError(f"--param {item!r}: expected POLICY.NAME=VALUE")
+        try:
+            out.setdefault(policy, {})[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--param {item!r}: {value!r} is not a number") from None
+    return out
+
+
 def markdown_table(rows: Sequence[HitRate]) -> str:
     """Policies as rows, capacities as columns, and the share of the LRU-to-optimum gap each
     policy closes where both are in the table."""
@@ -140,7 +190,7 @@ def markdown_table(rows: Sequence[HitRate]) -> str:
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     for policy in policies:
         gaps = gap_closed(rows, policy)
-        if policy not in ("lru", OPTIMUM) and gaps:
+        if policy not in ("lru", OPTIMUM, PLAIN_LRU) and gaps:
             cells = [f"{gaps[c]:.0%}" if c in gaps else "" for c in capacities]
             lines.append(f"| {policy}: gap closed | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -163,8 +213,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N requests only")
     parser.add_argument("--seed", type=int, default=0, help="for the synthetic workloads")
     parser.add_argument("--capacities", default=DEFAULT_CAPACITIES, help="blocks; inf: none")
-    parser.add_argument("--policies", default=",".join(POLICY_NAMES))
+    parser.add_argument(
+        "--policies",
+        default=",".join(DEFAULT_POLICIES),
+        help=f"any of {','.join(POLICY_NAMES)}",
+    )
     parser.add_argument("--measure", choices=["hits", "seconds"], default="hits")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="POLICY.NAME=VALUE",
+        help="a policy parameter, e.g. crescent.cost_weight=0.25 (repeatable)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     args = parser.parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -172,9 +233,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown policies {unknown}; choose from {list(POLICY_NAMES)}")
     capacities = parse_capacities(args.capacities)
+    try:
+        params = parse_params(args.param)
+    except ValueError as exc:
+        parser.error(str(exc))
     records = load_records(args)
     with Progress(console=Console(stderr=True), transient=True) as progress:
-        rows = hit_rates(records, policies, capacities, args.measure, progress)
+        rows = hit_rates(records, policies, capacities, args.measure, progress, params)
     if args.json:
         print(json.dumps(to_json(args, records, rows)))
     else:
@@ -190,8 +255,13 @@ def to_json(
         "requests": len(records),
         "blocks_requested": sum(len(r.hash_ids) for r in records),
         "measure": args.measure,
+        "params": parse_params(args.param),
         "hit_rate": {
             p: {label(r.capacity_blocks): r.hit_rate for r in rows if r.policy == p}
+            for p in dict.fromkeys(r.policy for r in rows)
+        },
+        "replay_s": {
+            p: {label(r.capacity_blocks): round(r.replay_s, 3) for r in rows if r.policy == p}
             for p in dict.fromkeys(r.policy for r in rows)
         },
         "gap_closed": {

@@ -15,6 +15,7 @@ from crescent.sim.hitrate import (
     main,
     markdown_table,
     parse_capacities,
+    parse_params,
     replay,
 )
 from crescent.sim.synthetic import shared_prefix_workload
@@ -76,6 +77,7 @@ def test_main_prints_json_and_a_table(capsys: pytest.CaptureFixture[str]) -> Non
     assert main([*argv, "--policies", "lru,belady", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["requests"] == 300 and out["measure"] == "hits"
+    assert set(out["replay_s"]["belady"]) == {"100", "inf"}
     assert set(out["hit_rate"]) == {"lru", "belady"}
     assert set(out["hit_rate"]["lru"]) == {"100", "inf"}
     assert out["hit_rate"]["lru"]["inf"] == pytest.approx(out["hit_rate"]["belady"]["inf"])
@@ -90,3 +92,25 @@ def test_main_reads_the_conversation_trace(capsys: pytest.CaptureFixture[str]) -
     out = json.loads(capsys.readouterr().out)
     assert out["requests"] == 200 and out["workload"].endswith("conversation_trace.jsonl.gz")
     assert 0 < out["hit_rate"]["lru"]["100"] < 1
+
+
+def test_policy_parameters_reach_the_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse_params(["crescent.cost_weight=0.25", "crescent.half_life_s=5"]) == {
+        "crescent": {"cost_weight": 0.25, "half_life_s": 5.0}
+    }
+    for bad in ("crescent=1", "crescent.cost_weight", ".x=1", "crescent.cost_weight=high"):
+        with pytest.raises(ValueError, match="--param"):
+            parse_params([bad])
+    records = shared_prefix_workload(300, prompts=20, seed=2)
+    default = replay(records, "crescent", 60)
+    quick = replay(records, "crescent", 60, params={"half_life_s": 0.5})
+    assert quick.hit_rate != default.hit_rate
+    with pytest.raises(TypeError):
+        replay(records, "lru", 60, params={"half_life_s": 5})
+    argv = ["--workload", "shared-prefix", "--limit", "50", "--capacities", "20"]
+    assert (
+        main([*argv, "--policies", "crescent", "--param", "crescent.half_life_s=9", "--json"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["params"] == {"crescent": {"half_life_s": 9.0}}
+    with pytest.raises(SystemExit):
+        main([*argv, "--param", "nonsense"])

@@ -102,6 +102,8 @@ class Simulation:
         self._serial = 0
         self.placement_s: list[float] = []
         self.found_blocks = self.requested_blocks = 0
+        self.prefill_busy_s = 0.0
+        self.pool_cpu_s = 0.0  # CPU time of the pools' accesses (tierd's policies at work)
 
     def _load(self, node_id: str, role: str) -> NodeLoad:
         cost = self.cost
@@ -187,6 +189,11 @@ class Simulation:
         if node.current is None:
             self._start(node, now)
 
+    def _access(self, pool: BlockPool, hash_ids: Sequence[int], now: float) -> None:
+        started = time.thread_time()
+        pool.access(hash_ids, now)
+        self.pool_cpu_s += time.thread_time() - started
+
     def _usable(self, job: Job) -> int:
         """Blocks a hit may cover: the last prompt token is always computed."""
         return max(job.prompt_tokens - 1, 0) // self.cost.block_tokens
@@ -206,7 +213,7 @@ class Simulation:
             if held > cached:
                 fetched += held - cached
                 cached = held
-                source.access(ids[:held], now)  # a read is a use
+                self._access(source, ids[:held], now)  # a read is a use
         job.cached_blocks = cached
         self.found_blocks += cached
         self.requested_blocks += len(ids)
@@ -214,12 +221,14 @@ class Simulation:
         compute = prefill_seconds(
             cost.prefill, job.prompt_tokens - cached * bs, cached * bs, cost.max_num_batched_tokens
         )
-        self._push(now + cost.pull_seconds(fetched) + compute, _PREFILLED, node)
+        busy = cost.pull_seconds(fetched) + compute
+        self.prefill_busy_s += busy
+        self._push(now + busy, _PREFILLED, node)
 
     def _prefilled(self, node: PrefillNode, now: float) -> None:
         job = node.current
         assert job is not None
-        node.pool.access(job.hash_ids, now)
+        self._access(node.pool, job.hash_ids, now)
         self.catalogue.stored(node.load.node_id, job.hash_ids)
         job.first_token = now
         node.finish(job, now)
@@ -236,7 +245,7 @@ class Simulation:
         node = self.decodes[job.placement.decode_node]
         job.blocks = -(-(job.prompt_tokens + job.output_tokens) // self.cost.block_tokens)
         if node.pool is not None:
-            node.pool.access(job.hash_ids, now)
+            self._access(node.pool, job.hash_ids, now)
             self.catalogue.stored(node.load.node_id, job.hash_ids)
         node.waiting.append(job)
         if not node.ending:

@@ -18,7 +18,10 @@ if TYPE_CHECKING:
 class SimResult:
     """Figures of one run; times in seconds unless named ``_ms``. ``slo_attainment``: the
     share of all requests (refused ones count as missed) whose TTFT and TPOT both met their
-    objectives; ``hit_rate``: blocks found as a cached prefix ÷ blocks requested."""
+    objectives; ``hit_rate``: blocks found as a cached prefix ÷ blocks requested;
+    ``prefill_busy``: the share of the prefill nodes' time spent pulling and computing, from
+    the first arrival to the last first token; ``placement_cpu_s`` and ``pool_cpu_s``: CPU
+    time of the scheduler's calls and of the pools' accesses, within ``wall_s``."""
 
     scheduler: str
     cost_model: str
@@ -40,11 +43,14 @@ class SimResult:
     slo_ttft_ms: float
     slo_tpot_ms: float
     slo_attainment: float
+    prefill_busy: float
     simulated_s: float
     wall_s: float
     requests_per_wall_s: float
     placement_p50_ms: float
     placement_p99_ms: float
+    placement_cpu_s: float
+    pool_cpu_s: float
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -68,6 +74,8 @@ def summarize(sim: Simulation, hit_rate: float, wall_s: float) -> SimResult:
     met = sum(1 for j in done if j.ttft <= slo_ttft and j.tpot <= slo_tpot)
     place_p50, place_p99 = _stats(sim.placement_s, (0.5, 0.99))[1:]
     requests = len(sim.jobs)
+    span = max((j.first_token for j in done), default=0.0)
+    busy = sim.prefill_busy_s / (config.prefill_nodes * span) if span > 0 else 0.0
     return SimResult(
         scheduler=config.scheduler,
         cost_model=config.cost_model,
@@ -89,9 +97,12 @@ def summarize(sim: Simulation, hit_rate: float, wall_s: float) -> SimResult:
         slo_ttft_ms=slo_ttft * 1000,
         slo_tpot_ms=slo_tpot * 1000,
         slo_attainment=met / requests if requests else 0.0,
+        prefill_busy=busy,
         simulated_s=max((j.finished for j in done), default=0.0),
         wall_s=wall_s,
         requests_per_wall_s=requests / wall_s if wall_s > 0 else math.inf,
         placement_p50_ms=place_p50 * 1000,
         placement_p99_ms=place_p99 * 1000,
+        placement_cpu_s=sum(sim.placement_s),
+        pool_cpu_s=sim.pool_cpu_s,
     )

@@ -159,7 +159,7 @@ class ClusterView:
     def _count_bandwidth(self, node: NodeLoad | None, sign: int) -> None:
         """Keeps the sum and count of every bandwidth measured from a peer's pool, so the
         cluster-wide mean costs O(1) per placement instead of a scan of every node."""
-        if node is None:
+        if node is None or not node.fetch_bandwidth:
             return
         known = _pool_bandwidths(node)
         total, count = self._bandwidth_sum

@@ -20,6 +20,7 @@ any live tierd's NVMe or S3 tier (``sources.py`` prices each pull). Pure: no I/O
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Collection, Iterator, Sequence
 
@@ -148,6 +149,17 @@ def _priced_alone(pricing: Pricing, now: float, avoid: Collection[str]) -> dict[
     return alone
 
 
+@functools.lru_cache(maxsize=64)
+def _typical(pricing_class: PrefillClass) -> NodeLoad:
+    """A node of the class that holds nothing, measured nothing and shares no host (read
+    only: the walks of every placement share it)."""
+    step, block_size, block_bytes = pricing_class
+    return NodeLoad(
+        "", "prefill", 0, 0, 0, 0, block_size, 0.0,
+        block_bytes=block_bytes, max_num_batched_tokens=step,
+    )  # fmt: skip
+
+
 class _ClassWalk:
     """The nodes of one pricing class that may take the request, in queue order, each under
     a lower bound of its TTFT, for ``_search`` to price lazily.
@@ -172,12 +184,9 @@ class _ClassWalk:
         self.pricing, self.entries = pricing, entries
         self.now, self.avoid, self.alone = now, avoid, alone
         view = pricing.view
-        step, block_size, block_bytes = pricing_class
+        step, block_size, _ = pricing_class
         self.model = pricing.model_of(view.timing.shared("prefill"), step, block_size)
-        typical = NodeLoad(
-            "", "prefill", 0, 0, 0, 0, block_size, now,
-            block_bytes=block_bytes, max_num_batched_tokens=step,
-        )  # fmt: skip
+        typical = _typical(pricing_class)
         common = pricing.common
         shared = 0 if common is None else min(common.num_blocks, pricing.limit(typical))
         # (compute s, fetch s) of the typical node without the common prefix, and with it.

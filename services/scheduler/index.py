@@ -60,14 +60,16 @@ class PrefillIndex:
     where: dict[str, tuple[PrefillClass | None, int, str]] = field(default_factory=dict)
 
     def put(self, node: NodeLoad, pricing_class: PrefillClass) -> None:
-        self.remove(node.node_id)
         load = load_of(node)
-        if measures_links(node):
+        kept_as = (None if measures_links(node) else pricing_class, load, node.host_id)
+        if self.where.get(node.node_id) == kept_as:
+            return
+        self.remove(node.node_id)
+        if kept_as[0] is None:
             self.measured.add(node.node_id)
-            self.where[node.node_id] = (None, load, node.host_id)
         else:
             insert(self.classes.setdefault(pricing_class, []), (load, node.node_id))
-            self.where[node.node_id] = (pricing_class, load, node.host_id)
+        self.where[node.node_id] = kept_as
         if node.host_id:
             self.hosts.setdefault(node.host_id, set()).add(node.node_id)
 

@@ -15,7 +15,6 @@ import heapq
 from collections.abc import Callable, Collection, Iterator
 
 from services.scheduler.cluster import ClusterView, NodeLoad
-from services.scheduler.decode_index import Group
 from services.scheduler.forecast import DecodeForecast, forecast
 from services.scheduler.index import Entry
 from services.scheduler.pricing import PlacementRequest
@@ -23,9 +22,10 @@ from services.scheduler.timing import StepCoefficients, decode_step_seconds
 
 #: A node of a group: (bound on its step, bound on its batch, id, bound on its context).
 _Next = tuple[float, int, str, int]
-#: A node waiting to be forecast, and the rest of its group (None: its bound counts the
-#: sequences on their way to it, and the rest of its group is in the heap already).
-_Candidate = tuple[float, int, str, int, Iterator[_Next] | None]
+#: A node waiting to be forecast and the rest of its group (None: its bound counts the
+#: sequences on their way to it, and the rest of its group is in the heap already), or a
+#: group not read yet (its entries).
+_Candidate = tuple[float, int, str, int, Iterator[_Next] | list[Entry] | None]
 _Ranked = tuple[tuple[int, float, int, str], DecodeForecast]
 
 
@@ -54,7 +54,8 @@ def best_decodes(
     def takes_work(node: NodeLoad) -> bool:
         return view.takes_work(node, "decode", now, avoid)
 
-    alone = set(index.odd) | view.timing.individual("decode")
+    individual = view.timing.individual("decode")
+    alone = index.odd | individual if individual else index.odd
     found: list[_Ranked] = []
     without_room: list[DecodeForecast] = []
 
@@ -70,13 +71,14 @@ def best_decodes(
         if node is not None and takes_work(node):
             consider(node)
     coef = view.timing.shared("decode")
+    prompt = request.num_prompt_tokens
+    # A group enters as its first entry's bound, a marker (id "", before every id) for all
+    # of it: most groups are never read.
     heap: list[_Candidate] = []
     for groups in (index.strong, index.weak):
-        for group, entries in groups.items():
-            walk = _walk(view, coef, group, entries, request, alone, takes_work)
-            first = next(walk, None)
-            if first is not None:
-                heap.append((*first, walk))
+        for (_, batch), entries in groups.items():
+            context = entries[0][0] + prompt
+            heap.append((decode_step_seconds(coef, batch, context), batch, "", context, entries))
     heapq.heapify(heap)
     complete = True
     while heap:
@@ -84,6 +86,12 @@ def best_decodes(
         if len(found) >= k and (0, bound, batch, node_id) > found[k - 1][0]:
             complete = False
             break
+        if isinstance(rest, list):  # a group's marker: read the group from now on
+            walk = _walk(view, coef, batch, rest, prompt, alone, takes_work)
+            first = next(walk, None)
+            if first is not None:
+                heapq.heappush(heap, (*first, walk))
+            continue
         if rest is not None:
             following = next(rest, None)
             if following is not None:
@@ -116,15 +124,13 @@ def _keep_best(found: list[_Ranked], item: _Ranked, k: int) -> None:
 def _walk(
     view: ClusterView,
     coef: StepCoefficients,
-    group: Group,
+    batch: int,
     entries: list[Entry],
-    request: PlacementRequest,
+    prompt: int,
     alone: set[str],
     takes_work: Callable[[NodeLoad], bool],
 ) -> Iterator[_Next]:
     """The group's nodes that may take work, in increasing bound."""
-    _, batch = group
-    prompt = request.num_prompt_tokens
     nodes = view.nodes
     for tokens, node_id in entries:
         if node_id in alone or not takes_work(nodes[node_id]):

@@ -40,6 +40,13 @@ def _capacity(text: str) -> int | None:
     return value
 
 
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
 def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -50,7 +57,7 @@ def _positive(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", type=Path, default=CONVERSATION_TRACE, help="Mooncake trace")
     parser.add_argument(
-        "--num-requests", type=int, default=None, help="replay the first N (None: all)"
+        "--num-requests", type=_count, default=None, help="replay the first N (None: all)"
     )
     parser.add_argument(
         "--scheduler", choices=(*SCHEDULERS, "all"), default="cost", help="all: each in turn"
@@ -59,8 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--capacity-blocks", type=_capacity, default=4000, help="each node's pool, or inf"
     )
-    parser.add_argument("--prefill-nodes", type=int, default=16)
-    parser.add_argument("--decode-nodes", type=int, default=16)
+    parser.add_argument("--prefill-nodes", type=_count, default=16)
+    parser.add_argument("--decode-nodes", type=_count, default=16)
     parser.add_argument("--no-decode-pools", action="store_true", help="decode nodes keep no KV")
     parser.add_argument("--cost-model", choices=COST_MODELS, default="a800")
     pace = parser.add_mutually_exclusive_group()

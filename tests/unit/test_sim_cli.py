@@ -81,6 +81,16 @@ def test_a_bad_trace_line_is_an_error_with_its_number(
     assert f"{trace}:2:" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "bad", [["--prefill-nodes", "0"], ["--time-scale", "-1"], ["--capacity-blocks", "-5"]]
+)
+def test_bad_values_are_refused(bad: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*SMALL, *bad])
+    assert exited.value.code == 2
+    assert bad[0] in capsys.readouterr().err
+
+
 def test_rate_and_scale_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main([*SMALL, "--time-scale", "0.5", "--rate-multiplier", "2"])

@@ -44,10 +44,20 @@ class OptimalPool(HitCounters):
     live entry ``(-next_use, -depth, id)`` in the heap (others are stale: lazy deletion).
     """
 
-    def __init__(self, requests: Sequence[Sequence[int]], capacity_blocks: int | None) -> None:
+    def __init__(
+        self,
+        requests: Sequence[Sequence[int]],
+        capacity_blocks: int | None,
+        *,
+        deeper_first: bool = True,
+    ) -> None:
+        """``deeper_first=False`` breaks ties in next use toward the shallower block instead:
+        a worse bound (it may drop a parent whose child the same request needs), kept only to
+        show what the tie costs."""
         if capacity_blocks is not None and capacity_blocks < 0:
             raise ValueError(f"capacity_blocks must be non-negative, got {capacity_blocks}")
         self.capacity_blocks = capacity_blocks
+        self._depth_sign = -1 if deeper_first else 1
         self._requests = [tuple(ids) for ids in requests]
         self._next = next_uses(self._requests)
         self._position = 0
@@ -81,7 +91,7 @@ class OptimalPool(HitCounters):
         upcoming = self._next[position]
         for depth, (hash_id, next_use) in enumerate(zip(hash_ids, upcoming, strict=True)):
             self._held[hash_id] = next_use
-            heapq.heappush(self._heap, (-next_use, -depth, hash_id))
+            heapq.heappush(self._heap, (-next_use, self._depth_sign * depth, hash_id))
         self._evict()
         return hits
 

@@ -32,7 +32,9 @@ from services.tierd.policy import POLICIES, RecomputeModel, make_policy
 
 OPTIMUM = "belady"
 PLAIN_LRU = "plain-lru"
-POLICY_NAMES = (*POLICIES, OPTIMUM, PLAIN_LRU)
+#: The optimum with ties in next use broken toward the shallower block (a worse bound).
+SHALLOW_TIES = "belady-shallower"
+POLICY_NAMES = (*POLICIES, OPTIMUM, PLAIN_LRU, SHALLOW_TIES)
 DEFAULT_POLICIES = (*POLICIES, OPTIMUM)
 DEFAULT_CAPACITIES = "1000,10000,30000,50000,100000,inf"
 
@@ -101,8 +103,8 @@ def replay(
     requests = [r.hash_ids for r in records]
     weight = _weights(measure, max((len(ids) for ids in requests), default=0))
     pool: BlockPool | OptimalPool | PlainLru
-    if policy == OPTIMUM:
-        pool = OptimalPool(requests, capacity_blocks)
+    if policy in (OPTIMUM, SHALLOW_TIES):
+        pool = OptimalPool(requests, capacity_blocks, deeper_first=policy == OPTIMUM)
     elif policy == PLAIN_LRU:
         pool = PlainLru(capacity_blocks)
     else:
@@ -190,7 +192,7 @@ def markdown_table(rows: Sequence[HitRate]) -> str:
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     for policy in policies:
         gaps = gap_closed(rows, policy)
-        if policy not in ("lru", OPTIMUM, PLAIN_LRU) and gaps:
+        if policy not in ("lru", OPTIMUM, PLAIN_LRU, SHALLOW_TIES) and gaps:
             cells = [f"{gaps[c]:.0%}" if c in gaps else "" for c in capacities]
             lines.append(f"| {policy}: gap closed | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -77,6 +77,18 @@ def test_belady_bounds_every_policy(seed: int) -> None:
             assert optimum == pytest.approx(pool.hit_rate)  # unlimited: every repeat is a hit
 
 
+def test_ties_toward_the_shallower_block_lose_hits() -> None:
+    # One block of room, a request for 1-2 twice: 1 and 2 are next needed by the same request.
+    # Keeping the parent finds 1 again; keeping the child finds nothing (the prefix stops at 1).
+    trace = [[1, 2], [1, 2]]
+    deeper = OptimalPool(trace, 1)
+    shallower = OptimalPool(trace, 1, deeper_first=False)
+    for ids in trace:
+        deeper.access(ids)
+        shallower.access(ids)
+    assert (deeper.hits, shallower.hits) == (1, 0)
+
+
 def test_requests_must_come_in_the_order_given() -> None:
     pool = OptimalPool(HAND_TRACE, 2)
     pool.access(HAND_TRACE[0])

@@ -212,9 +212,10 @@ class CrescentPolicy(_RankedPolicy):
         log_value = (
             self._log_reuse[min(info.access_count, self.reuse.top)]
             + info.last_access / self.half_life_s
-            + self.cost_weight * math.log2(max(self.model.seconds(info.depth), 1e-12))
             - math.log2(max(info.num_bytes, 1))
         )
+        if self.cost_weight:  # skipped when off: the simulator ranks every read
+            log_value += self.cost_weight * math.log2(max(self.model.seconds(info.depth), 1e-12))
         return (log_value, info.last_access)
 
 

@@ -19,6 +19,8 @@ from shared.kv.tiers import LOWER_TIER_SUFFIXES, NVME, S3, bandwidth_key
 _SERVING = ("prefill", "decode")
 #: The role that holds KV blocks below DRAM (NVMe files, S3): a source, never a target.
 TIERD = "tierd"
+#: Heartbeat timeouts a tierd stays a source without a heartbeat (``ClusterView.source_alive``).
+TIERD_GRACE = 3
 
 
 @dataclass(slots=True)
@@ -54,6 +56,8 @@ class NodeLoad:
     placed_tokens: int = 0  # tokens a prefill node must compute for requests placed since
     host_id: str = ""  # "" when the node did not say
     tiers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Its NATS connection closed after its last heartbeat (the server's advisory said so).
+    disconnected: bool = False
     read_bandwidth: dict[str, float] = field(default_factory=dict)
 
 
@@ -168,6 +172,16 @@ class ClusterView:
     def alive(self, node: NodeLoad, now: float) -> bool:
         return now - node.last_seen <= self.heartbeat_timeout_s
 
+    def source_alive(self, node: NodeLoad, now: float) -> bool:
+        """Whether ``node``'s blocks may still be pulled. A tierd busy moving blocks may send
+        its heartbeat late, and its files stay where they are meanwhile: it remains a source
+        for ``TIERD_GRACE`` timeouts unless NATS said its connection closed. A pull from one
+        that is gone costs a pin's timeout, then the prefix is computed."""
+        if node.role != TIERD:
+            return self.alive(node, now)
+        grace = TIERD_GRACE * self.heartbeat_timeout_s
+        return not node.disconnected and now - node.last_seen <= grace
+
     def live(self, role: str, now: float) -> list[NodeLoad]:
         """Nodes of ``role`` with a recent heartbeat, whether or not they take work."""
         return [n for n in self.nodes.values() if n.role == role and self.alive(n, now)]
@@ -193,7 +207,7 @@ class ClusterView:
         return [
             n
             for n in self.nodes.values()
-            if (n.role in _SERVING or n.role == TIERD) and self.alive(n, now)
+            if (n.role in _SERVING or n.role == TIERD) and self.source_alive(n, now)
         ]
 
     def forget_dead(self, now: float) -> list[str]:

@@ -101,7 +101,7 @@ class Model:
 
 def pulled_from(node: NodeLoad, view: ClusterView, now: float) -> bool:
     """Whether blocks may be pulled from ``node``: a live pool or tierd."""
-    return (node.role in _POOLS or node.role == TIERD) and view.alive(node, now)
+    return (node.role in _POOLS or node.role == TIERD) and view.source_alive(node, now)
 
 
 #: The best way to a node's cached prefix: (compute s, fetch s, cached blocks, pulls).

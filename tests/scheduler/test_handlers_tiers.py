@@ -171,6 +171,11 @@ def test_a_tierd_stops_being_a_source_on_a_disconnect_or_silence() -> None:
             await asyncio.sleep(0.35)  # past the timeout: only the nodes beat again
             await h.beat(prefill())
             await h.beat(beat("D", "decode"))
+            await h.send(generate("r-late"))  # a late tierd's files are still there
+            assert (await h.next_task())[1].pulls == nvme_pull()
+            await asyncio.sleep(0.6)  # past its grace of three timeouts
+            await h.beat(prefill())
+            await h.beat(beat("D", "decode"))
             await h.send(generate("r-silent"))
             assert (await h.next_task())[1].pulls == []
 

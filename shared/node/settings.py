@@ -45,12 +45,6 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     handoff_timeout_s: float = Field(
         default=1.0, gt=0, description="wait this long for a node to acknowledge a hand-off"
     )
-    handoff_retry_s: float = Field(
-        default=8.0,
-        ge=0,
-        description="while no decode node can be reached (the bus reconnecting), keep offering "
-        "a hand-off for this long before failing the request",
-    )
     max_waiting: int = Field(
         default=256, ge=1, description="requests a node queues at most; more are refused"
     )

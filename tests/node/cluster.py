@@ -38,7 +38,6 @@ def node_settings(kind: type[Any], node_id: str, **overrides: Any) -> Any:
         "heartbeat_interval_s": 0.2,
         "lease_ttl_s": 5.0,
         "handoff_timeout_s": 0.5,
-        "handoff_retry_s": 1.0,
         "gateway_check_s": 0.3,
         "drain_timeout_s": 3.0,
         "cache_secret": SECRET,

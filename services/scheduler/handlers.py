@@ -25,6 +25,7 @@ from shared import subjects
 from shared.bus import Bus, BusRequestError, NoResponders
 from shared.cluster_messages import NodeStatus, TaskAck
 from shared.kv.hashing import BlockHash
+from shared.kv.tiers import DRAM
 from shared.messages import AbortRequest, GenerateRequest, SubmitReply
 from shared.nats_events import disconnected_node
 from shared.rpc.types import PrefixHolder
@@ -153,10 +154,12 @@ class SchedulerHandlers:
             if isinstance(decision, Rejection):
                 return self._refuse(request, decision)
             record_placement(self.view, decision, ask)
-            log.debug(
-                "placing %s on %s: holders %s, pulls %s", rid, decision.prefill_node, holders,
-                decision.pulls,
-            )  # fmt: skip
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "placing %s on %s: holders %s, pulls %s, predicted TTFT %.3f s, "
+                    "bandwidths %s", rid, decision.prefill_node, holders, decision.pulls,
+                    decision.predicted_ttft_s, self._priced_bandwidths(decision, holders),
+                )  # fmt: skip
             if self.prefetch:
                 await self._prefetch(decision, hashes, prefetched)
             ack = await self._offer(decision, request)
@@ -176,6 +179,22 @@ class SchedulerHandlers:
         return SubmitReply(
             accepted=False, error="no prefill node accepted the request", error_code=503
         )
+
+    def _priced_bandwidths(
+        self, decision: Placement, holders: list[PrefixHolder]
+    ) -> dict[str, float]:
+        """Bytes/s placement assumed for each lower-tier holder, as seen from the chosen
+        node (for the debug log: why a cached prefix was or was not pulled)."""
+        node = self.view.nodes.get(decision.prefill_node)
+        if node is None:
+            return {}
+        transfer = self.view.fallback_bandwidth(node)
+        out = {"transfer": transfer}
+        for h in holders:
+            if h.tier != DRAM:
+                key = f"{h.node_id}/{h.tier}"
+                out[key] = self.view.tier_bandwidth(node, h.node_id, h.tier, transfer)
+        return out
 
     def _hopeless(self, ask: PlacementRequest, resumed: bool) -> Rejection | None:
         """An overload is refused before the catalogue is asked: when even a prompt cached

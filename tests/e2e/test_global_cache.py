@@ -70,6 +70,7 @@ class Answer:
     ttft_s: float
     prompt_tokens: int
     cached_tokens: int
+    below_dram_tokens: int = 0  # of the cached tokens, those read from NVMe or S3
 
 
 def ask(client: OpenAI, prompt: str, max_tokens: int = 8) -> Answer:
@@ -92,7 +93,9 @@ def ask(client: OpenAI, prompt: str, max_tokens: int = 8) -> Answer:
     assert ttft is not None and usage is not None
     details = usage.prompt_tokens_details
     cached = (details.cached_tokens or 0) if details is not None else 0
-    return Answer("".join(parts), ttft, usage.prompt_tokens, cached)
+    by_tier = (details.model_extra or {}).get("cached_tokens_by_tier", {}) if details else {}
+    below = by_tier.get("nvme", 0) + by_tier.get("s3", 0)
+    return Answer("".join(parts), ttft, usage.prompt_tokens, cached, below)
 
 
 def document(topic: str, lines: int) -> str:
@@ -153,7 +156,9 @@ def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStac
     computed = sum(
         after[n].prompt_tokens_computed - before[n].prompt_tokens_computed for n in after
     )
-    assert received > 0
+    # Fetched, not computed: over the transfer layer from the holder's pool, or from tierd's
+    # copy on this host, which placement prices lower when it has written the prefix already.
+    assert received > 0 or pulled.below_dram_tokens > 0, (received, pulled)
     uncached = [a.prompt_tokens - a.cached_tokens for a in (extension, pulled)]
     assert computed == sum(uncached), (computed, extension, pulled)
     assert pulled.cached_tokens >= pulled.prompt_tokens - 64

@@ -27,24 +27,12 @@ from services.scheduler.policy import (
 from services.scheduler.timing import StepCoefficients, StepTimes, prefill_seconds
 from shared.cluster_messages import StepSample
 from shared.rpc.types import PrefixHolder
+from tests.unit.scheduler_nodes import NOW, node
 
-NOW = 100.0
 COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=0.0)
 SMALL = PlacementRequest(num_prompt_tokens=64, max_tokens=64)  # 4 blocks of 32
 LONG = PlacementRequest(num_prompt_tokens=2000, max_tokens=16)  # 62 cacheable blocks
 BLOCK_BYTES = 32 * 46_080
-
-
-def node(node_id: str, role: str, **load: object) -> NodeLoad:
-    values: dict[str, object] = {
-        "queued_tokens": 0,
-        "running_seqs": 0,
-        "free_blocks": 100,
-        "total_blocks": 100,
-        "block_size": 32,
-        "last_seen": NOW,
-    } | load
-    return NodeLoad(node_id=node_id, role=role, **values)  # type: ignore[arg-type]
 
 
 def view(*nodes: NodeLoad, coef: StepCoefficients = COEF, **costs: object) -> ClusterView:

@@ -36,6 +36,10 @@ Rate = Annotated[float, Meta(ge=0.0, le=1e15)]
 Address = Annotated[bytes, Meta(max_length=16384)]
 
 
+#: Running sequences a heartbeat describes at most (those nearest their end).
+MAX_FINISHING = 256
+
+
 class TaskAck(WireMessage, kw_only=True):
     """A node's answer to a hand-off (PrefillTask or KVHandoff): it owns the work now, or it
     refused it (``reason``; ``error_code`` set when the request itself is at fault, so trying
@@ -200,7 +204,7 @@ class NodeStatus(WireMessage, kw_only=True):
     )
     finishing_seqs: Annotated[
         list[tuple[Annotated[int, Meta(ge=0, le=1 << 24)], Annotated[int, Meta(ge=0, le=1 << 32)]]],
-        Meta(max_length=256),
+        Meta(max_length=MAX_FINISHING),
     ] = msgspec.field(default_factory=list)
 
 

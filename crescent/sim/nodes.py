@@ -21,9 +21,7 @@ from crescent.sim.pool import BlockPool
 from services.scheduler.cluster import NodeLoad
 from services.scheduler.policy import Placement
 from services.scheduler.timing import StepCoefficients, decode_step_seconds
-
-#: Finishing sequences a decode node reports, as Crescent's nodes do (MAX_FINISHING).
-MAX_FINISHING = 256
+from shared.cluster_messages import MAX_FINISHING
 
 
 @dataclass(slots=True, eq=False)

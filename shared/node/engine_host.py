@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from shared.cluster_messages import MAX_FINISHING
 from shared.engine.cache_exchange import CachedBlock, PrefixImport
 from shared.engine.engine import LLMEngine
 from shared.engine.types import EngineLoad, EngineStats, ImportSlot, RequestOutput, StepTiming
@@ -22,10 +23,6 @@ T = TypeVar("T")
 OnOutputs = Callable[[list[RequestOutput]], Awaitable[None]]
 #: After this many steps in a row raise, the engine's requests are failed instead of retried.
 MAX_FAILED_STEPS = 3
-
-
-#: Running sequences a heartbeat describes at most (those nearest their end).
-MAX_FINISHING = 256
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from operator import itemgetter
 
+from shared.kv.tiers import LOWER_TIERS, S3
 from shared.rpc.types import PrefixHolder
 
 Holder = tuple[str, str]  # (node_id, tier)
@@ -132,7 +133,12 @@ class PrefixIndex:
     def match(self, chain: Sequence[bytes], tiers: Collection[str] = ()) -> list[PrefixHolder]:
         """Per holder, how many leading blocks of ``chain`` it holds; longest first (ties by
         node then tier), holders of no leading block left out; only holders in ``tiers``
-        unless it is empty."""
+        unless it is empty.
+
+        A node's NVMe and S3 count as one where that goes further: a tierd reads each block
+        from whichever of its tiers holds it, and cold-first tiering leaves a chain split
+        between them (its head in S3, its tail in NVMe, say). Its ``s3`` entry then counts the
+        leading blocks it holds in either, priced as the slower tier."""
         return [PrefixHolder(n, t, k) for n, t, k in self.match_counts(chain, tiers)]
 
     def match_counts(
@@ -156,9 +162,38 @@ class PrefixIndex:
                 alive = still
             position += 1
         self._collect(alive, position, found)
+        if not tiers or all(t in tiers for t in LOWER_TIERS):
+            found = self._span_lower_tiers(chain, found)
         found.sort()  # by node and tier, then (stable) longest first
         found.sort(key=_num_blocks, reverse=True)
         return found
+
+    def _span_lower_tiers(
+        self, chain: Sequence[bytes], found: list[tuple[str, str, int]]
+    ) -> list[tuple[str, str, int]]:
+        """``found`` with each node's lower-tier run carried on through blocks held in any of
+        its lower tiers, reported as its ``s3`` entry when longer than each tier's own."""
+        reach: dict[str, int] = {}
+        for node_id, tier, num_blocks in found:
+            if tier in LOWER_TIERS:
+                reach[node_id] = max(reach.get(node_id, 0), num_blocks)
+        longer: dict[str, int] = {}
+        masks, ids = self._masks, self._ids
+        for node_id, start in reach.items():
+            bits = 0
+            for tier in LOWER_TIERS:
+                holder_id = ids.get((node_id, tier))
+                if holder_id is not None:
+                    bits |= 1 << holder_id
+            position = start
+            while position < len(chain) and masks.get(chain[position], 0) & bits:
+                position += 1
+            if position > start:
+                longer[node_id] = position
+        if not longer:
+            return found
+        kept = [f for f in found if not (f[1] == S3 and f[0] in longer)]
+        return kept + [(node_id, S3, num_blocks) for node_id, num_blocks in longer.items()]
 
     def _collect(self, mask: int, num_blocks: int, into: list[tuple[str, str, int]]) -> None:
         holders = self._holders

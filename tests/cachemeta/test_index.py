@@ -19,16 +19,24 @@ SIZES = {h(i): 1000 + i for i in range(100)}
 def brute_force(
     held: dict[tuple[str, str], set[bytes]], chain: list[bytes], tiers: tuple[str, ...] = ()
 ) -> list[PrefixHolder]:
-    found = []
-    for (node, tier), blocks in held.items():
-        if tiers and tier not in tiers:
-            continue
+    def run(blocks: set[bytes]) -> int:
         n = 0
         while n < len(chain) and chain[n] in blocks:
             n += 1
-        if n:
-            found.append(PrefixHolder(node, tier, n))
-    return sorted(found, key=lambda p: (-p.num_blocks, p.node_id, p.tier))
+        return n
+
+    found = {}
+    for (node, tier), blocks in held.items():
+        if (not tiers or tier in tiers) and run(blocks):
+            found[node, tier] = run(blocks)
+    if not tiers or {"nvme", "s3"} <= set(tiers):
+        # A node's NVMe and S3 read as one: its s3 entry counts the leading blocks in either.
+        for node in {n for n, t in found if t in ("nvme", "s3")}:
+            both = held.get((node, "nvme"), set()) | held.get((node, "s3"), set())
+            if run(both) > max(found.get((node, t), 0) for t in ("nvme", "s3")):
+                found[node, "s3"] = run(both)
+    listed = [PrefixHolder(node, tier, n) for (node, tier), n in found.items()]
+    return sorted(listed, key=lambda p: (-p.num_blocks, p.node_id, p.tier))
 
 
 def test_match_reports_leading_blocks_per_holder_longest_first() -> None:
@@ -52,6 +60,23 @@ def test_match_reports_leading_blocks_per_holder_longest_first() -> None:
     ]
     assert index.match([]) == []
     assert index.match([h(99), *CHAIN]) == []
+
+
+def test_a_chain_split_between_nvme_and_s3_is_one_prefix_of_its_tierd() -> None:
+    index = PrefixIndex()
+    index.add(("t", "s3"), CHAIN[:2], SIZES)  # the coldest head went on to S3
+    index.add(("t", "nvme"), CHAIN[2:7], SIZES)
+    index.add(("u", "nvme"), CHAIN[:4], SIZES)
+    index.add(("u", "s3"), CHAIN[5:], SIZES)  # a hole at block 4: u serves 4 blocks
+    index.add(("v", "dram"), CHAIN[:1], SIZES)
+    index.add(("v", "s3"), CHAIN[1:], SIZES)  # a pool and a tierd do not add up
+    assert index.match(CHAIN) == [
+        PrefixHolder("t", "s3", 7),
+        PrefixHolder("u", "nvme", 4),
+        PrefixHolder("v", "dram", 1),
+    ]
+    # Asked for one lower tier only, each counts alone.
+    assert index.match(CHAIN, ("s3",)) == [PrefixHolder("t", "s3", 2)]
 
 
 def test_add_and_remove_count_only_changes() -> None:
@@ -101,7 +126,7 @@ def test_matches_brute_force_on_random_holdings() -> None:
     index = PrefixIndex()
     held: dict[tuple[str, str], set[bytes]] = {}
     chain = [h(i) for i in range(40)]
-    holders = [(f"n{i}", tier) for i in range(30) for tier in ("dram", "nvme")]
+    holders = [(f"n{i}", tier) for i in range(30) for tier in ("dram", "nvme", "s3")]
     for _ in range(400):
         holder = rng.choice(holders)
         start, stop = sorted(rng.sample(range(41), 2))
@@ -118,7 +143,7 @@ def test_matches_brute_force_on_random_holdings() -> None:
                 held[key] = set()
         for probe in (chain, chain[rng.randrange(40) :]):
             assert index.match(probe) == brute_force(held, probe)
-            for tiers in (("dram",), ("nvme", "s3"), ("dram", "nvme")):
+            for tiers in (("dram",), ("nvme", "s3"), ("dram", "nvme"), ("dram", "nvme", "s3")):
                 assert index.match(probe, tiers) == brute_force(held, probe, tiers)
     assert index.num_replicas == sum(len(b) for b in held.values())
     assert index.replica_bytes == sum(SIZES[x] for b in held.values() for x in b)

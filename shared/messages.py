@@ -29,6 +29,10 @@ CachedByTier = Annotated[
 ]
 TokenId = Annotated[int, Meta(ge=0, lt=1 << 31)]
 Seconds = Annotated[float, Meta(ge=0.0, le=1e7)]
+#: Durations of a request's phases on one node, by phase name (``shared.phases``).
+Phases = Annotated[
+    dict[Annotated[str, Meta(pattern=r"^[a-z_]{1,32}$")], Seconds], Meta(max_length=16)
+]
 Timestamp = Annotated[float, Meta(ge=0.0, le=1e11)]
 HttpStatus = Annotated[int, Meta(ge=400, le=599)]
 Text = Annotated[str, Meta(max_length=4096)]
@@ -121,6 +125,7 @@ class SubmitReply(WireMessage, kw_only=True):
     error: Text = ""
     error_code: HttpStatus | None = None
     retry_after_s: Seconds | None = None
+    placement_s: Seconds = 0.0  # the scheduler's time on it (``shared.phases.PLACEMENT``)
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -158,6 +163,7 @@ class TokenChunk(WireMessage, kw_only=True):
     owner_epoch: OptionalId = ""
     migrate: bool = False
     cached_by_tier: CachedByTier = msgspec.field(default_factory=dict)
+    phases: Phases = msgspec.field(default_factory=dict)  # what the sender timed of it
 
 
 class AbortRequest(WireMessage, kw_only=True):

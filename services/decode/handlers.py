@@ -16,6 +16,7 @@ from shared.engine.types import ImportSlot, RequestOutput
 from shared.errors import InvalidRequestError
 from shared.messages import TokenChunk
 from shared.node.chunks import output_chunk, request_salt
+from shared.node.decode_timer import DecodeTimer
 from shared.node.ledger import Stage
 from shared.node.puller import PullSource
 from shared.node.runtime import NodeRuntime
@@ -62,6 +63,7 @@ class DecodeRole:
         )
         holding.num_cached_tokens = handoff.num_cached_tokens
         holding.cached_by_tier = dict(handoff.cached_by_tier)
+        holding.timer = DecodeTimer(time.monotonic())
         self.waiting.append(handoff)
         self._work.spawn(self.admit_waiting())
         return self.node.ack(True)
@@ -105,6 +107,8 @@ class DecodeRole:
             await node.host.abort(rid)
             return
         holding.stage = Stage.RUNNING
+        if holding.timer is not None:
+            holding.timer.running_at = time.monotonic()
         await node.host.finish_import(rid, ok)
 
     async def _pull(self, handoff: KVHandoff, slot: ImportSlot) -> bool:
@@ -146,10 +150,18 @@ class DecodeRole:
                 continue
             chunk = output_chunk(out, holding.output_offset, holding.num_cached_tokens)
             chunk.cached_by_tier = holding.cached_by_tier
+            timer = holding.timer
+            if timer is not None:
+                chunk.phases = timer.output(time.monotonic())
+                if out.finished:
+                    chunk.phases.update(timer.totals())
             node.ledger.record(rid, chunk.token_ids, chunk.logprobs)
             if out.finished:
                 node.ledger.finish(rid, time.monotonic(), reason=chunk.finish_reason)
+            sending = time.monotonic()
             await node.send(chunk)
+            if timer is not None:
+                timer.sent(time.monotonic() - sending)
         if any(out.finished for out in outputs) and self.waiting:
             await self.admit_waiting()
 

@@ -7,7 +7,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
@@ -23,11 +23,13 @@ from services.gateway.auth import ApiKeys
 from services.gateway.completions import Completions
 from services.gateway.errors import ApiError
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.phases import Recent
 from services.gateway.requests import PreparedRequest, RequestBuilder
 from services.gateway.responses import Shapes
 from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from services.gateway.service import Run
 from services.gateway.validation import decode_body
+from shared import phases
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=BaseModel)
@@ -45,6 +47,7 @@ ENDPOINTS = frozenset(
         "/metrics",
     }
 )
+DEBUG_REQUESTS = "/debug/requests/"
 # A body over the limit is still read (not kept) up to this much, so the client sees the 413
 # instead of a reset connection; anything bigger is cut off.
 _DRAIN_LIMIT = 64 * 1024 * 1024
@@ -63,6 +66,7 @@ class Gateway:
     metrics: GatewayMetrics
     max_request_bytes: int
     created: int
+    recent: Recent = field(default_factory=Recent)
 
 
 def build_app(gateway: Gateway) -> FastAPI:
@@ -106,17 +110,19 @@ def _install_error_handlers(app: FastAPI) -> None:
 def _add_routes(app: FastAPI, gw: Gateway) -> None:
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
+        arrived = time.monotonic()
         tenant = gw.keys.tenant(request.headers.get("authorization"))
         body, size = await _parse(request, ChatCompletionRequest, gw.max_request_bytes)
         prepared = await _prepare(gw.builder.chat, body, tenant, size)
-        return await _generate(request, gw, prepared)
+        return await _generate(request, gw, prepared, arrived)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
+        arrived = time.monotonic()
         tenant = gw.keys.tenant(request.headers.get("authorization"))
         body, size = await _parse(request, CompletionRequest, gw.max_request_bytes)
         prepared = await _prepare(gw.builder.completion, body, tenant, size)
-        return await _generate(request, gw, prepared)
+        return await _generate(request, gw, prepared, arrived)
 
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
@@ -148,6 +154,15 @@ def _add_routes(app: FastAPI, gw: Gateway) -> None:
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(gw.metrics.render(), media_type=gw.metrics.content_type)
+
+    @app.get(DEBUG_REQUESTS + "{request_id}")
+    async def request_phases(request: Request, request_id: str) -> dict[str, Any]:
+        # Where one recent request's time went (the response's id); its tenant's alone.
+        tenant = gw.keys.tenant(request.headers.get("authorization"))
+        found = gw.recent.get(request_id, tenant)
+        if found is None:
+            raise errors.request_not_found(request_id)
+        return found
 
 
 def _model_card(gw: Gateway) -> dict[str, Any]:
@@ -197,27 +212,32 @@ async def _drain(request: Request, seen: int = 0) -> None:
         return
 
 
-async def _generate(request: Request, gw: Gateway, prepared: PreparedRequest) -> Response:
+async def _generate(
+    request: Request, gw: Gateway, prepared: PreparedRequest, arrived: float
+) -> Response:
     gw.metrics.in_flight.inc()
     try:
         run = await _unless_disconnected(request, gw.completions.start(prepared))
     except BaseException:
         gw.metrics.in_flight.dec()
         raise
+    run.phases.gateway(phases.PARSE, run.timing.start - arrived)
     shapes = Shapes(prepared, gw.completions.tokenizer)
     if prepared.stream:
-        return _RunStream(run, shapes, gw.metrics)
+        return _RunStream(run, shapes, gw)
     try:
         await _unless_disconnected(request, run.collect())
         return JSONResponse(shapes.response(run.choices))
     finally:
-        _finish(run, gw.metrics)
+        _finish(run, gw)
 
 
-def _finish(run: Run, metrics: GatewayMetrics) -> None:
+def _finish(run: Run, gw: Gateway) -> None:
     run.close()
-    metrics.observe_run(run)
-    metrics.in_flight.dec()
+    view = run.debug_view()
+    gw.recent.add(run.request.id, run.request.choices[0].request.tenant, view)
+    gw.metrics.observe_run(run, view["phases_s"])
+    gw.metrics.in_flight.dec()
 
 
 def _event(payload: dict[str, Any]) -> bytes:
@@ -231,7 +251,9 @@ async def _sse(run: Run, shapes: Shapes) -> AsyncIterator[bytes]:
     try:
         async for index, delta in run.deltas():
             for chunk in shapes.delta_chunks(index, delta):
-                yield _event(chunk)
+                writing = time.monotonic()
+                yield _event(chunk)  # back here once the server has sent it on
+                run.phases.wrote_event(time.monotonic() - writing)
         if run.request.include_usage:
             yield _event(shapes.usage_chunk(run.choices))
     except ApiError as exc:
@@ -248,20 +270,20 @@ class _RunStream(StreamingResponse):
     error, or the client hanging up, even before the first byte) closes the run and aborts
     what still generates."""
 
-    def __init__(self, run: Run, shapes: Shapes, metrics: GatewayMetrics) -> None:
+    def __init__(self, run: Run, shapes: Shapes, gw: Gateway) -> None:
         super().__init__(
             _sse(run, shapes),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
         self._run = run
-        self._metrics = metrics
+        self._gw = gw
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            _finish(self._run, self._metrics)
+            _finish(self._run, self._gw)
 
 
 async def _wait_for_disconnect(request: Request) -> None:
@@ -312,6 +334,8 @@ class _CountRequests:
         path = scope.get("path", "")
         # Unknown paths share one label so that scanners cannot blow up the label set.
         endpoint = path if path in ENDPOINTS else "other"
+        if path.startswith(DEBUG_REQUESTS):
+            endpoint = DEBUG_REQUESTS  # one label for every request id
         try:
             await self.app(scope, receive, send_and_note)
         finally:

@@ -69,6 +69,14 @@ def model_not_found(name: str) -> ApiError:
     )
 
 
+def request_not_found(request_id: str) -> ApiError:
+    return ApiError(
+        404,
+        f"No recent request '{request_id}' of yours is known to this gateway.",
+        code="request_not_found",
+    )
+
+
 def route_not_found(method: str, path: str) -> ApiError:
     return ApiError(404, f"Invalid URL ({method} {path})", code="unknown_url")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -16,6 +18,7 @@ from services.gateway.service import Run
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _RESPONSE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
@@ -73,8 +76,16 @@ class GatewayMetrics:
         self.generation_tokens = Counter(
             "crescent_gateway_generation_tokens", "Output tokens sent", registry=self.registry
         )
+        self.phase = Histogram(
+            "crescent_gateway_request_phase_seconds",
+            "Time a request spent in each phase of its path (shared/phases.py), per request; "
+            "per-token phases are the request's mean",
+            ["phase"],
+            buckets=_PHASE_BUCKETS,
+            registry=self.registry,
+        )
 
-    def observe_run(self, run: Run) -> None:
+    def observe_run(self, run: Run, phases: Mapping[str, float] | None = None) -> None:
         timing = run.timing
         if timing.first_token is not None:
             self.ttft.observe(timing.first_token - timing.start)
@@ -86,6 +97,8 @@ class GatewayMetrics:
         self.prompt_tokens.inc(counts["prompt_tokens"])
         self.cached_tokens.inc(counts["prompt_tokens_details"]["cached_tokens"])
         self.generation_tokens.inc(counts["completion_tokens"])
+        for phase, seconds in (phases or {}).items():
+            self.phase.labels(phase).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,12 +7,15 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.gateway import errors
 from services.gateway.flight import Arrived, ChoiceStream, Event, Flight, Moved, Replayed
 from services.gateway.output import BackendError, ChoiceAssembler, Delta
+from services.gateway.phases import RequestPhases
 from services.gateway.recovery import Act, ChoiceWatch, RecoveryPolicy
 from services.gateway.requests import PreparedRequest
+from shared import phases
 from shared.messages import ReplayReply, SubmitReply, TokenChunk
 from shared.model.tokenizer import Tokenizer
 
@@ -87,6 +90,7 @@ class Run:
         self._answered: set[int] = set()
         self._backlog: list[tuple[int, Delta]] = []
         self.timing = Timing(start=clock())
+        self.phases = RequestPhases()
         self._first_deadline = self.timing.start + limits.first_token_timeout_s
         self._deadline = self.timing.start + limits.request_timeout_s
 
@@ -104,6 +108,9 @@ class Run:
         node, or 504 when no first token came in time)."""
         replies = await self._flight.start()
         now = self._clock()
+        self.phases.gateway(phases.SUBMIT, now - self.timing.start)
+        if replies:
+            self.phases.gateway(phases.PLACEMENT, replies[0].placement_s)
         for stream, reply in zip(self._flight.streams, replies, strict=True):
             stream.watch = ChoiceWatch(reply.prefill_node, reply.prefill_epoch, now, now)
         while len(self._answered) < len(self.choices):
@@ -111,6 +118,25 @@ class Run:
                 seconds = self._limits.first_token_timeout_s
                 raise errors.timed_out(seconds, "No first token came")
             self._backlog.extend(await self._wait(self._first_deadline))
+
+    def breakdown(self) -> dict[str, float]:
+        """Where the first choice's time went, by phase (``RequestPhases.breakdown``)."""
+        timing, parse = self.timing, self.phases.timed.get(phases.PARSE, 0.0)
+        first = timing.first_by_choice.get(0)
+        ttft = None if first is None else parse + first - timing.start
+        itl = timing.time_per_output_token(0, self.choices[0].completion_tokens)
+        return self.phases.breakdown(ttft, itl)
+
+    def debug_view(self) -> dict[str, Any]:
+        """What ``GET /debug/requests/{id}`` shows of this run once it ended."""
+        first = self.request.choices[0]
+        return {
+            "id": self.request.id,
+            "prompt_tokens": len(self.request.prompts[first.prompt_index]),
+            "completion_tokens": self.choices[0].completion_tokens,
+            "resumes": self.resumes,
+            "phases_s": self.breakdown(),
+        }
 
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
         """Yields ``(choice index, delta)`` until every choice has finished."""
@@ -161,6 +187,8 @@ class Run:
             chunk.cached_by_tier = {}
         if self._stray(stream, chunk):
             return []
+        if chunk.phases and index == 0:
+            self.phases.from_node(chunk.phases)
         before = choice.next_index
         try:
             delta = choice.add(chunk)

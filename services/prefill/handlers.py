@@ -9,7 +9,7 @@ import logging
 import time
 from collections import deque
 
-from shared import subjects
+from shared import phases, subjects
 from shared.background import Background
 from shared.bus import BusRequestError, NoResponders
 from shared.cluster_messages import KVHandoff, NodeStatus, PrefillTask, TaskAck
@@ -76,7 +76,9 @@ class PrefillRole:
         prompt, salt = list(req.prompt_token_ids), request_salt(node.settings.cache_secret, req)
         fetched = FetchedPrefix()
         if task.pulls:
+            started = time.monotonic()
             fetched = await self.fetcher.fetch(prompt, salt, task.pulls)
+            fetched.seconds = time.monotonic() - started
         if rid not in self.tasks:  # aborted while its blocks were pulled
             await node.host.cache_imports(fetched.imports)
             return
@@ -106,15 +108,19 @@ class PrefillRole:
                 continue
             if arrived is not None and task.predicted_ttft_s > 0:
                 self.ttft_samples.append((task.predicted_ttft_s, time.monotonic() - arrived))
-            await self._first_token(task, out, fetched)
+            await self._first_token(task, out, fetched, arrived)
 
     async def _first_token(
-        self, task: PrefillTask, out: RequestOutput, fetched: FetchedPrefix
+        self, task: PrefillTask, out: RequestOutput, fetched: FetchedPrefix, arrived: float | None
     ) -> None:
         node, req = self.node, task.request
         rid = req.request_id
         done = out.finish_reason is FinishReason.STOP or req.sampling.max_tokens == 1
         chunk = output_chunk(out, req.sampling.output_offset, out.num_cached_tokens)
+        if arrived is not None and out.admitted_at >= arrived:
+            chunk.phases = prefill_phases(
+                arrived, fetched.seconds, out.admitted_at, time.monotonic()
+            )
         block_size = node.engine.config.block_size
         chunk.cached_by_tier = fetched.tokens_by_tier(out.num_cached_tokens, block_size)
         chunk.finish_reason = (chunk.finish_reason or FinishReason.LENGTH.value) if done else None
@@ -238,3 +244,13 @@ class PrefillRole:
 
     async def close(self) -> None:
         await self._work.close()
+
+
+def prefill_phases(arrived: float, fetch_s: float, admitted: float, now: float) -> dict[str, float]:
+    """What a prefill node timed of a request (``shared.phases``), from when its task arrived,
+    how long its pulls took, when the engine first stepped it and when its first token came."""
+    return {
+        phases.PREFILL_QUEUE: max(admitted - arrived - fetch_s, 0.0),
+        phases.PREFIX_FETCH: fetch_s,
+        phases.PREFILL_COMPUTE: max(now - admitted, 0.0),
+    }

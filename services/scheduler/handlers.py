@@ -136,6 +136,7 @@ class SchedulerHandlers:
 
     async def _place(self, request: GenerateRequest) -> SubmitReply:
         rid = request.request_id
+        started, offering = time.monotonic(), 0.0  # the offers' round trips are not placement
         ask = PlacementRequest(
             len(request.prompt_token_ids), request.sampling.max_tokens, request_id=rid
         )
@@ -162,6 +163,7 @@ class SchedulerHandlers:
                 )  # fmt: skip
             if self.prefetch:
                 await self._prefetch(decision, hashes, prefetched)
+            offered = time.monotonic()
             ack = await self._offer(decision, request)
             if ack is not None and ack.accepted:
                 self.metrics.placed(decision, ask)
@@ -171,7 +173,9 @@ class SchedulerHandlers:
                     prefill_node=decision.prefill_node,
                     prefill_epoch=ack.epoch,
                     decode_node=decision.decode_node,
+                    placement_s=offered - started - offering,
                 )
+            offering += time.monotonic() - offered
             self.view.withdraw(rid)
             if ack is not None and ack.error_code is not None:
                 return SubmitReply(accepted=False, error=ack.reason, error_code=ack.error_code)

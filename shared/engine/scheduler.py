@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -110,6 +111,7 @@ class Scheduler:
             seq.num_computed_tokens = num_computed
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
+            seq.admitted_at = seq.admitted_at or time.monotonic()
             self.running.append(seq)
             out.chunks.append(ScheduledChunk(seq, num_new))
             budget -= num_new

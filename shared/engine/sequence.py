@@ -52,6 +52,7 @@ class Sequence:
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     hold_blocks: bool = False  # keep the blocks referenced after finishing, until released
     quota_key: bytes = b""  # the tenant scope its cached blocks count against below DRAM
+    admitted_at: float = 0.0  # monotonic time of its first step (0: none yet), for its phases
 
     def __post_init__(self) -> None:
         if not self.token_ids:

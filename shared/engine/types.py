@@ -22,6 +22,7 @@ class RequestOutput:
     finish_reason: FinishReason | None = None
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
     error: str | None = None
+    admitted_at: float = 0.0  # monotonic time of the sequence's first step
 
     @classmethod
     def of(
@@ -38,6 +39,7 @@ class RequestOutput:
             finish_reason=seq.finish_reason,
             new_logprobs=logprobs,
             error=error,
+            admitted_at=seq.admitted_at,
         )
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from shared.messages import ReplayReply, TokenLogprob
+from shared.node.decode_timer import DecodeTimer
 
 #: Finished requests are remembered this long (and at most this many), so a gateway that lost
 #: their last chunks can still fetch them.
@@ -47,6 +48,7 @@ class Holding:
     owner: str = ""  # the node this one handed the request to
     owner_epoch: str = ""
     done_at: float = 0.0
+    timer: DecodeTimer | None = None  # a decode node's times of it
 
     @property
     def next_index(self) -> int:

@@ -41,6 +41,7 @@ class FetchedPrefix:
 
     imports: list[tuple[PrefixImport, list[int]]] = field(default_factory=list)
     blocks_by_tier: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0  # how long the pulls took
 
     def add(
         self,

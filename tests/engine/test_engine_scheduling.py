@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -179,3 +180,14 @@ def test_logprobs_describe_the_chosen_token(make_engine: EngineFactory) -> None:
         assert e.top[0][0] == e.token_id and e.top[0][1] == pytest.approx(e.logprob)
         assert [v for _, v in e.top] == sorted((v for _, v in e.top), reverse=True)
         assert e.logprob <= 0.0
+
+
+def test_outputs_carry_the_time_of_their_first_step(make_engine: EngineFactory) -> None:
+    engine = make_engine(max_num_batched_tokens=7)  # a prefill over several steps
+    before = time.monotonic()
+    engine.add_request("r", prompts(1, 20, 20, seed=9)[0], GREEDY)
+    seen: list[float] = []
+    while engine.has_unfinished_requests():
+        seen += [o.admitted_at for o in engine.step()]
+    assert seen and before < seen[0] <= time.monotonic()
+    assert set(seen) == {seen[0]}  # the first step's, on every output after it

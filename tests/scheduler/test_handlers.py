@@ -158,6 +158,8 @@ def test_a_refusing_or_silent_prefill_node_is_passed_over() -> None:
             h.silent.add("B")
             reply = await h.send(generate("r-pass"))
             assert reply.accepted and reply.prefill_node == "C" and reply.prefill_epoch == "e"
+            # The 200 ms B kept it waiting were an offer's, not placement.
+            assert 0 < reply.placement_s < 0.2
             tried = [(await h.next_task())[0] for _ in range(2)]
             assert sorted(tried) == ["A", "C"]  # B never answered
             aborts = [(a.request_id, a.only_node) for s, a in _published(h) if s == subjects.ABORTS]

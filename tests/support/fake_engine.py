@@ -54,6 +54,12 @@ _REPLY_RE = re.compile(r"\[\[reply=(.*?)\]\]", re.DOTALL)
 _ATTEMPT_RE = re.compile(r"-r\d+$")
 
 
+#: What the fake says it timed: placement, and the nodes' phases on the first and last chunk.
+PLACEMENT_S = 0.002
+FIRST_PHASES = {"prefill_queue": 0.001, "prefix_fetch": 0.0, "prefill_compute": 0.003}
+LAST_PHASES = {"decode_step": 0.004, "token_publish": 0.0005}
+
+
 def cached_tokens(prompt_len: int) -> int:
     """What the fake reports as found in the KV cache: whole 32-token blocks, less one."""
     return max(0, (prompt_len // 32 - 1) * 32)
@@ -137,7 +143,9 @@ class FakeEngine:
         first = request.request_id == base_id(request.request_id)
         node = GHOST if first and "[[ghost]]" in prompt else NODE
         self._spawn(self._serve(request, prompt, node, first))
-        return SubmitReply(accepted=True, prefill_node=node, prefill_epoch=self.epoch)
+        return SubmitReply(
+            accepted=True, prefill_node=node, prefill_epoch=self.epoch, placement_s=PLACEMENT_S
+        )
 
     async def _on_replay(self, ask: ReplayRequest) -> ReplayReply:
         chunks = self.sent.get(ask.request_id)
@@ -210,7 +218,11 @@ class FakeEngine:
         ids, reason = self._reply_ids(request, prompt)
         start = request.sampling.output_offset
         bounds = sorted({start, *range(start + 1, len(ids), CHUNK_TOKENS), len(ids)})
-        return [self._chunk(request, ids, a, b, reason) for a, b in pairwise(bounds) if a < b]
+        chunks = [self._chunk(request, ids, a, b, reason) for a, b in pairwise(bounds) if a < b]
+        if chunks:
+            chunks[0].phases = dict(FIRST_PHASES)
+            chunks[-1].phases = chunks[-1].phases | LAST_PHASES
+        return chunks
 
     @staticmethod
     def _chunk(

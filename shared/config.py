@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.cpus import parse_cpus
 from shared.model.files import default_cache_dir
 
 
@@ -30,7 +31,20 @@ class EngineSettings(BaseSettings):
     device: str = Field(default="auto", description="cpu, cuda, cuda:N or auto")
     dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
     enable_prefix_caching: bool = True
+    num_threads: int | None = Field(
+        default=None, ge=1, le=1024, description="torch threads; default: the usable cores"
+    )
+    cpu_affinity: str | None = Field(
+        default=None, description="Cores this process runs on, as 0-3,6; default: any"
+    )
     cpu_kernels: Literal["auto", "off"] = Field(
         default="auto",
         description="auto: few-row matmuls read the GGUF's quantized blocks (fp32 on CPU)",
     )
+
+    @field_validator("cpu_affinity")
+    @classmethod
+    def _cores(cls, value: str | None) -> str | None:
+        if value:
+            parse_cpus(value)
+        return value

@@ -10,6 +10,7 @@ from shared.config import EngineSettings
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
+from shared.engine.threads import apply_thread_settings
 from shared.kv.layout import KVLayout, num_blocks_for_bytes
 from shared.model import cpu_kernels
 from shared.model.files import ModelFiles, resolve_model
@@ -66,6 +67,7 @@ def load_model(settings: EngineSettings, files: ModelFiles) -> LlamaForCausalLM:
 
 
 def load_engine(settings: EngineSettings) -> LoadedEngine:
+    apply_thread_settings(settings.num_threads, settings.cpu_affinity)
     files = resolve_model(settings.model, settings.cache_dir)
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)

@@ -1,0 +1,155 @@
+"""One request at a time through `crescent up`: where each millisecond of it goes.
+
+For each configuration (environment assignments given to the whole stack), starts a stack,
+warms it up, then sends requests one after the other, each a fresh prompt of random token ids
+streamed through `/v1/completions` (greedy, `ignore_eos`), and the last prompt once more (a full
+prefix hit). The client measures the time to first token and the gaps between tokens; the
+gateway's debug view (`GET /debug/requests/{id}`) gives each request's phases. Prints the
+median of every figure per configuration, side by side, and writes them as JSON with `--out`.
+
+    .venv/bin/python bench/served.py [--requests 8] [--prompt-tokens 512] [--max-tokens 64]
+        [--config NAME=VAR=VALUE,VAR=VALUE ...] [--out FILE]
+
+A configuration named `default` with no assignments runs unless `--config` names others.
+Run it on a quiet machine: the stack's nodes run below the client's priority.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from openai import OpenAI
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.faults import Stack
+
+#: Token ids the prompts are drawn from: ordinary tokens of the default model's vocabulary.
+TOKEN_RANGE = (1000, 40000)
+
+
+def parse_config(text: str) -> tuple[str, dict[str, str]]:
+    """``NAME=VAR=VALUE,VAR=VALUE`` (or a bare ``NAME``) as the name and its environment."""
+    name, _, rest = text.partition("=")
+    env = {}
+    for item in filter(None, rest.split(",")):
+        var, sep, value = item.partition("=")
+        if not sep or not var:
+            raise argparse.ArgumentTypeError(f"{item!r} is not VAR=VALUE")
+        env[var] = value
+    return name, env
+
+
+def one_request(client: OpenAI, model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    response_id = ""
+    stream = client.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    for chunk in stream:
+        response_id = chunk.id
+        if chunk.choices and chunk.choices[0].text:
+            arrivals.append(time.perf_counter())
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    return {
+        "id": response_id,
+        "ttft_s": arrivals[0] - started if arrivals else float("nan"),
+        "itl_s": statistics.mean(gaps) if gaps else float("nan"),
+    }
+
+
+def run_config(
+    env: dict[str, str], requests: int, prompt_tokens: int, max_tokens: int, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="crescent-served-") as data_dir:
+        stack = Stack.start(Path(data_dir), env)
+        try:
+            client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=300)
+            model = client.models.list().data[0].id
+            gateway = stack.base_url.removesuffix("/v1")
+
+            def fresh() -> list[int]:
+                return [rng.randrange(*TOKEN_RANGE) for _ in range(prompt_tokens)]
+
+            for _ in range(2):  # warm-up: first touches of the pool, the kernels, the bus
+                one_request(client, model, fresh(), max_tokens)
+            cold, prompt = [], fresh()
+            for _ in range(requests):
+                prompt = fresh()
+                cold.append(one_request(client, model, prompt, max_tokens))
+            hit = one_request(client, model, prompt, max_tokens)
+            with httpx.Client(base_url=gateway, timeout=10) as http:
+                for r in [*cold, hit]:
+                    r["phases_s"] = http.get(f"/debug/requests/{r['id']}").json()["phases_s"]
+        finally:
+            stack.stop()
+    return {"cold": cold, "hit": hit}
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
+    out = {k: statistics.median(r[k] for r in runs) for k in ("ttft_s", "itl_s")}
+    phases = sorted({p for r in runs for p in r["phases_s"]})
+    for phase in phases:
+        out[phase] = statistics.median(r["phases_s"].get(phase, 0.0) for r in runs)
+    return out
+
+
+def report(results: dict[str, dict[str, Any]]) -> None:
+    table = Table(title="one request at a time (medians, ms)")
+    table.add_column("figure")
+    summary = {name: medians(r["cold"]) for name, r in results.items()}
+    for name in results:
+        table.add_column(name, justify="right")
+    rows = sorted({k for s in summary.values() for k in s}, key=_row_order)
+    for row in rows:
+        table.add_row(row, *(f"{s.get(row, float('nan')) * 1000:.1f}" for s in summary.values()))
+    table.add_row(
+        "full hit: ttft_s", *(f"{r['hit']['ttft_s'] * 1000:.1f}" for r in results.values())
+    )
+    Console().print(table)
+
+
+def _row_order(name: str) -> tuple[int, str]:
+    first = ("ttft_s", "itl_s")
+    return (first.index(name), name) if name in first else (2, name)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--config", type=parse_config, action="append", default=[])
+    parser.add_argument("--out", type=Path, default=None, help="JSON of every request")
+    args = parser.parse_args()
+    configs = dict(args.config) or {"default": {}}
+    results = {
+        name: run_config(env, args.requests, args.prompt_tokens, args.max_tokens, args.seed)
+        for name, env in configs.items()
+    }
+    report(results)
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -121,7 +121,7 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     table.add_row(
         "full hit: ttft_s", *(f"{r['hit']['ttft_s'] * 1000:.1f}" for r in results.values())
     )
-    Console().print(table)
+    Console(width=100).print(table)
 
 
 def _row_order(name: str) -> tuple[int, str]:

@@ -24,6 +24,7 @@ PREFILL_COMPUTE = "prefill_compute"  # from the first step on it to its first to
 KV_HANDOFF = "kv_handoff"  # from the hand-off's arrival to its KV in the pool (room, pull)
 FIRST_DECODE_STEP = "first_decode_step"  # from the KV in the pool to the second token
 DECODE_STEP = "decode_step"  # mean time between this request's tokens on the node
+ENGINE_STEP = "engine_step"  # of that, the mean engine step (the rest: the node's own work)
 TOKEN_PUBLISH = "token_publish"  # mean time to publish one token chunk on the bus
 # Worked out by the gateway.
 HOPS = "first_token_hops"  # time to first token that no phase above accounts for
@@ -37,6 +38,7 @@ NODE_PHASES = (
     KV_HANDOFF,
     FIRST_DECODE_STEP,
     DECODE_STEP,
+    ENGINE_STEP,
     TOKEN_PUBLISH,
 )
 #: The phases that add up to the time to first token, in order (``HOPS`` is the rest).

@@ -152,7 +152,7 @@ class DecodeRole:
             chunk.cached_by_tier = holding.cached_by_tier
             timer = holding.timer
             if timer is not None:
-                chunk.phases = timer.output(time.monotonic())
+                chunk.phases = timer.output(time.monotonic(), node.host.last_step_s)
                 if out.finished:
                     chunk.phases.update(timer.totals())
             node.ledger.record(rid, chunk.token_ids, chunk.logprobs)

@@ -20,13 +20,15 @@ class DecodeTimer:
     outputs: int = 0
     publish_s: float = 0.0
     published: int = 0
+    compute_s: float = 0.0  # the engine steps behind the outputs after the first
 
-    def output(self, now: float) -> dict[str, float]:
-        """Counts one output; the phases its chunk should carry (the hand-off and the first
-        step on the first, none after)."""
+    def output(self, now: float, step_s: float = 0.0) -> dict[str, float]:
+        """Counts one output, which an engine step of ``step_s`` made; the phases its chunk
+        should carry (the hand-off and the first step on the first, none after)."""
         self.outputs += 1
         self.last_at = now
         if self.outputs > 1:
+            self.compute_s += step_s
             return {}
         self.first_at = now
         running = self.running_at or now
@@ -40,11 +42,12 @@ class DecodeTimer:
         self.published += 1
 
     def totals(self) -> dict[str, float]:
-        """The per-token means so far, for the last chunk: time between outputs and the time
-        one took to publish."""
+        """The per-token means so far, for the last chunk: time between outputs, the engine's
+        step behind each, and the time one took to publish."""
         out = {}
         if self.outputs > 1:
             out[phases.DECODE_STEP] = (self.last_at - self.first_at) / (self.outputs - 1)
+            out[phases.ENGINE_STEP] = self.compute_s / (self.outputs - 1)
         if self.published:
             out[phases.TOKEN_PUBLISH] = self.publish_s / self.published
         return out

@@ -37,7 +37,7 @@ from shared.model.kv_cache import PagedKVCache
 from shared.node.catalogue import CatalogueSync
 from shared.node.chunks import error_chunk
 from shared.node.direct import DirectReader
-from shared.node.engine_host import EngineHost
+from shared.node.engine_host import EngineHost, engine_thread
 from shared.node.ledger import Ledger
 from shared.node.metrics import NodeMetrics
 from shared.node.pins import BlockServer
@@ -108,15 +108,17 @@ class NodeRuntime:
     async def start(self, make_role: Callable[[NodeRuntime], NodeRole]) -> None:
         s = self.settings
         await self.server.start()
+        thread = engine_thread()
         if self._engine is None:
-            self._engine = (await asyncio.to_thread(load_engine, s)).engine
+            loop = asyncio.get_running_loop()
+            self._engine = (await loop.run_in_executor(thread, load_engine, s)).engine
         self.engine: LLMEngine = self._engine
         if self._bus is None:
             name = f"crescent-{self.node_id}"
             self._bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
         self.bus: Bus = self._bus
         cache = self.engine.runner.cache
-        self.host = EngineHost(self.engine, self._on_outputs, s.step_timeout_s)
+        self.host = EngineHost(self.engine, self._on_outputs, s.step_timeout_s, thread)
         self.puller = BlockPuller(cache, s.pull_timeout_s)
         self.blocks = BlockServer(self.host, cache, self.ledger, s.transfer, self.server.address)
         self.direct = self._direct_reader(s, cache)

@@ -28,7 +28,10 @@ async def heartbeat_loop(
         started = time.monotonic()
         try:
             try:
-                beat = await asyncio.wait_for(status(), interval_s)
+                # Not ``wait_for``: on Python 3.11 it can swallow a cancel that comes as the
+                # status completes, and the loop then never stops (seen in the tests).
+                async with asyncio.timeout(interval_s):
+                    beat = await status()
             except TimeoutError:
                 beat = fallback()
                 beat.healthy = False

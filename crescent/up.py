@@ -24,12 +24,6 @@ from crescent.s3_server import S3ServerError, start_s3
 READY_TIMEOUT_S = 600.0
 #: CPU priority of the model nodes below the control plane (``bench/overload.py``).
 NODE_NICE = 10
-#: How long an idle OpenMP thread of a model node spins before it sleeps (libgomp's count,
-#: unless the environment sets ``GOMP_SPINCOUNT``). Long enough to bridge the gaps between a
-#: step's parallel regions (1,000 is not: a decode step took 29 ms instead of 19), short enough
-#: that nodes sharing the cores soon yield them to each other (libgomp's own 300,000 keeps a
-#: thread spinning for milliseconds after each region; docs/benchmarks.md).
-NODE_SPINCOUNT = "10000"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -255,12 +249,7 @@ def _start_services(
         children.append(spawn(f"scheduler-{i}", argv, scheduler_env, log_dir))
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
-            node_env = (
-                {"GOMP_SPINCOUNT": NODE_SPINCOUNT}
-                | env
-                | roles.get(role, {})
-                | {"CRESCENT_NODE_ID": f"{role}-{i}"}
-            )
+            node_env = env | roles.get(role, {}) | {"CRESCENT_NODE_ID": f"{role}-{i}"}
             argv = [python, "-m", f"services.{role}"]
             # The nodes may take every core they can get, but never ahead of the gateway,
             # the schedulers and NATS: a refusal or a hand-off must not wait behind a step.

@@ -4,11 +4,13 @@ For each configuration (environment assignments given to the whole stack), start
 warms it up, then sends requests one after the other, each a fresh prompt of random token ids
 streamed through `/v1/completions` (greedy, `ignore_eos`), and the last prompt once more (a full
 prefix hit). The client measures the time to first token and the gaps between tokens; the
-gateway's debug view (`GET /debug/requests/{id}`) gives each request's phases. Prints the
-median of every figure per configuration, side by side, and writes them as JSON with `--out`.
+gateway's debug view (`GET /debug/requests/{id}`) gives each request's phases. First, the
+same requests run on the engine alone (in a process of its own, no services), the reference
+the served figures are divided by. Prints the median of every figure per configuration, side
+by side, and writes them as JSON with `--out`.
 
     .venv/bin/python bench/served.py [--requests 8] [--prompt-tokens 512] [--max-tokens 64]
-        [--config NAME=VAR=VALUE,VAR=VALUE ...] [--out FILE]
+        [--config NAME=VAR=VALUE,VAR=VALUE ...] [--out FILE] [--no-engine-alone]
 
 A configuration named `default` with no assignments runs unless `--config` names others.
 Run it on a quiet machine: the stack's nodes run below the client's priority.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import random
 import statistics
 import sys
@@ -72,6 +75,41 @@ def one_request(client: OpenAI, model: str, prompt: list[int], max_tokens: int) 
     }
 
 
+def engine_alone(requests: int, prompt_tokens: int, max_tokens: int, seed: int) -> dict[str, Any]:
+    """The same requests on the engine alone, in this process, no services: each fresh
+    prompt's prefill, the median decode step, and the last prompt's full hit."""
+    from shared.config import EngineSettings
+    from shared.engine.factory import load_engine
+    from shared.sampling_params import SamplingParams
+
+    engine = load_engine(EngineSettings()).engine
+    rng = random.Random(seed)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+    def timed_steps(request_id: str, prompt: list[int]) -> list[float]:
+        engine.add_request(request_id, prompt, params)
+        steps = []
+        while engine.has_unfinished_requests():
+            started = time.perf_counter()
+            engine.step()
+            steps.append(time.perf_counter() - started)
+        return steps
+
+    prefills, decode_steps, prompt = [], [], []
+    for i in range(requests + 2):
+        prompt = [rng.randrange(*TOKEN_RANGE) for _ in range(prompt_tokens)]
+        steps = timed_steps(f"r{i}", prompt)
+        if i >= 2:  # the same two warm-up requests as the stack gets
+            prefills.append(steps[0])
+            decode_steps.extend(steps[1:])
+    hit = timed_steps("hit", prompt)[0]
+    return {
+        "prefill_s": statistics.median(prefills),
+        "decode_step_s": statistics.median(decode_steps),
+        "hit_prefill_s": hit,
+    }
+
+
 def run_config(
     env: dict[str, str], requests: int, prompt_tokens: int, max_tokens: int, seed: int
 ) -> dict[str, Any]:
@@ -109,7 +147,13 @@ def medians(runs: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def report(results: dict[str, dict[str, Any]]) -> None:
+def report(results: dict[str, dict[str, Any]], alone: dict[str, float] | None) -> None:
+    if alone is not None:
+        Console(width=100).print(
+            "engine alone (same requests, no services): prefill "
+            f"{alone['prefill_s'] * 1000:.1f} ms, decode step {alone['decode_step_s'] * 1000:.1f}"
+            f" ms, full hit {alone['hit_prefill_s'] * 1000:.1f} ms"
+        )
     table = Table(title="one request at a time (medians, ms)")
     table.add_column("figure")
     summary = {name: medians(r["cold"]) for name, r in results.items()}
@@ -122,6 +166,14 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         "full hit: ttft_s", *(f"{r['hit']['ttft_s'] * 1000:.1f}" for r in results.values())
     )
     Console(width=100).print(table)
+    if alone is not None:
+        for name, result in results.items():
+            cold = medians(result["cold"])
+            print(
+                f"{name}: ITL / engine step {cold['itl_s'] / alone['decode_step_s']:.2f}x, "
+                f"TTFT / (engine prefill + 15 ms) "
+                f"{cold['ttft_s'] / (alone['prefill_s'] + 0.015):.2f}x"
+            )
 
 
 def _row_order(name: str) -> tuple[int, str]:
@@ -139,16 +191,32 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", type=parse_config, action="append", default=[])
     parser.add_argument("--out", type=Path, default=None, help="JSON of every request")
+    parser.add_argument(
+        "--no-engine-alone", action="store_true", help="skip the engine-only reference run"
+    )
     args = parser.parse_args()
     configs = dict(args.config) or {"default": {}}
+    alone = None
+    if not args.no_engine_alone:
+        alone = _in_child(args.requests, args.prompt_tokens, args.max_tokens, args.seed)
     results = {
         name: run_config(env, args.requests, args.prompt_tokens, args.max_tokens, args.seed)
         for name, env in configs.items()
     }
-    report(results)
+    report(results, alone)
     if args.out is not None:
-        args.out.write_text(json.dumps(results, indent=1))
+        args.out.write_text(json.dumps({"engine_alone": alone, "stacks": results}, indent=1))
     return 0
+
+
+def _in_child(requests: int, prompt_tokens: int, max_tokens: int, seed: int) -> dict[str, Any]:
+    """``engine_alone`` in a process of its own: its model and pool are gone before any
+    stack starts."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result: dict[str, Any] = pool.apply(
+            engine_alone, (requests, prompt_tokens, max_tokens, seed)
+        )
+    return result
 
 
 if __name__ == "__main__":

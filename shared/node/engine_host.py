@@ -38,12 +38,13 @@ class LoadSnapshot:
 
 
 def engine_thread() -> ThreadPoolExecutor:
-    """The thread a node's engine is loaded on and steps on. OpenMP (torch's intra-op pool)
-    gives every thread that runs parallel work a team of its own, and once a process has more
-    such threads than cores, libgomp stops spinning between parallel regions and sleeps
-    instead: each of a decode step's hundreds of regions then waits for a wake-up (measured:
-    a batch-1 step of 14 ms alone took 33 ms in a node that had loaded its model on another
-    thread). Loading and stepping on this one thread keeps a single team."""
+    """The thread a node's engine steps on, and with ``CRESCENT_ENGINE_THREAD_LOAD`` is
+    loaded on. OpenMP (torch's intra-op pool) gives every thread that runs parallel work a
+    team of its own, and once a process has more such threads than cores, libgomp stops
+    spinning between parallel regions and sleeps instead: each of a decode step's hundreds of
+    regions then waits for a wake-up (measured: a batch-1 step of 14 ms alone took 33 ms in a
+    node that had loaded its model on another thread, 16 ms in one that loaded it here). One
+    team spins, though, which nodes sharing the cores pay for: hence opt-in."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
 
@@ -77,8 +78,7 @@ class EngineHost:
         self.engine = engine
         self._on_outputs = on_outputs
         self.step_timeout_s = step_timeout_s
-        # ``thread``: the one that loaded the engine (``engine_thread``), so one thread of the
-        # process runs torch's parallel work (see ``engine_thread``).
+        # ``thread``: the one that may have loaded the engine (see ``engine_thread``).
         self._thread = thread or engine_thread()
         self._books = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-books")
         self._wake = asyncio.Event()

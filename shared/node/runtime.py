@@ -109,9 +109,11 @@ class NodeRuntime:
         s = self.settings
         await self.server.start()
         thread = engine_thread()
-        if self._engine is None:
+        if self._engine is None and s.engine_thread_load:
             loop = asyncio.get_running_loop()
             self._engine = (await loop.run_in_executor(thread, load_engine, s)).engine
+        elif self._engine is None:
+            self._engine = (await asyncio.to_thread(load_engine, s)).engine
         self.engine: LLMEngine = self._engine
         if self._bus is None:
             name = f"crescent-{self.node_id}"

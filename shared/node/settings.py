@@ -24,6 +24,11 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
         default="", description="the host tierd's NVMe directory, read directly when faster"
     )
     tierd_id: str = Field(default="", description="the host's tierd; default: tierd-<host id>")
+    engine_thread_load: bool = Field(
+        default=False,
+        description="load the model on the thread that steps it (one OpenMP team: faster "
+        "steps on cores of its own, worse when nodes share them)",
+    )
     transfer: str = Field(default="ucx", description="KV transfer: ucx or tcp")
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
     heartbeat_interval_s: float = Field(default=1.0, gt=0)

@@ -19,7 +19,7 @@ Run it on a quiet machine: the stack's nodes run below the client's priority.
 from __future__ import annotations
 
 import argparse
-import itertools
+import asyncio
 import json
 import multiprocessing
 import random
@@ -31,13 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from openai import OpenAI
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.faults import Stack
+from crescent.bench.client import request_body, stream_completion
+from crescent.bench.records import RequestRecord
+from crescent.bench.workload import BenchRequest
 
 #: Token ids the prompts are drawn from: ordinary tokens of the default model's vocabulary.
 TOKEN_RANGE = (1000, 40000)
@@ -55,23 +57,23 @@ def parse_config(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def one_request(client: OpenAI, model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
-    started = time.perf_counter()
-    arrivals: list[float] = []
-    response_id = ""
-    stream = client.completions.create(
-        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stream=True,
-        extra_body={"ignore_eos": True},
-    )  # fmt: skip
-    for chunk in stream:
-        response_id = chunk.id
-        if chunk.choices and chunk.choices[0].text:
-            arrivals.append(time.perf_counter())
-    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+async def one_request(
+    http: httpx.AsyncClient, model: str, prompt: list[int], max_tokens: int
+) -> dict[str, Any]:
+    """One streamed completion (``crescent bench``'s client), then its phases from the
+    gateway's debug view."""
+    request = BenchRequest(0, 0, 0, 0.0, tuple(prompt), max_tokens)
+    record = RequestRecord(0, 0, 0, 0.0, 0.0, len(prompt), max_tokens)
+    body = request_body(request, model, ignore_eos=True, cache_salt=None)
+    await stream_completion(http, "/v1/completions", body, record)
+    if not record.ok or record.ttft_s is None or not record.itl_s:
+        raise RuntimeError(f"a request failed: {record.error or 'too few tokens'}")
+    view = (await http.get(f"/debug/requests/{record.response_id}")).json()
     return {
-        "id": response_id,
-        "ttft_s": arrivals[0] - started if arrivals else float("nan"),
-        "itl_s": statistics.mean(gaps) if gaps else float("nan"),
+        "id": record.response_id,
+        "ttft_s": record.ttft_s,
+        "itl_s": statistics.mean(record.itl_s),
+        "phases_s": view["phases_s"],
     }
 
 
@@ -113,29 +115,32 @@ def engine_alone(requests: int, prompt_tokens: int, max_tokens: int, seed: int) 
 def run_config(
     env: dict[str, str], requests: int, prompt_tokens: int, max_tokens: int, seed: int
 ) -> dict[str, Any]:
-    rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="crescent-served-") as data_dir:
         stack = Stack.start(Path(data_dir), env)
         try:
-            client = OpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=300)
-            model = client.models.list().data[0].id
-            gateway = stack.base_url.removesuffix("/v1")
-
-            def fresh() -> list[int]:
-                return [rng.randrange(*TOKEN_RANGE) for _ in range(prompt_tokens)]
-
-            for _ in range(2):  # warm-up: first touches of the pool, the kernels, the bus
-                one_request(client, model, fresh(), max_tokens)
-            cold, prompt = [], fresh()
-            for _ in range(requests):
-                prompt = fresh()
-                cold.append(one_request(client, model, prompt, max_tokens))
-            hit = one_request(client, model, prompt, max_tokens)
-            with httpx.Client(base_url=gateway, timeout=10) as http:
-                for r in [*cold, hit]:
-                    r["phases_s"] = http.get(f"/debug/requests/{r['id']}").json()["phases_s"]
+            return asyncio.run(_requests(stack, requests, prompt_tokens, max_tokens, seed))
         finally:
             stack.stop()
+
+
+async def _requests(
+    stack: Stack, requests: int, prompt_tokens: int, max_tokens: int, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+
+    def fresh() -> list[int]:
+        return [rng.randrange(*TOKEN_RANGE) for _ in range(prompt_tokens)]
+
+    gateway = stack.base_url.removesuffix("/v1")
+    async with httpx.AsyncClient(base_url=gateway, timeout=300) as http:
+        model = (await http.get("/v1/models")).json()["data"][0]["id"]
+        for _ in range(2):  # warm-up: first touches of the pool, the kernels, the bus
+            await one_request(http, model, fresh(), max_tokens)
+        cold, prompt = [], fresh()
+        for _ in range(requests):
+            prompt = fresh()
+            cold.append(await one_request(http, model, prompt, max_tokens))
+        hit = await one_request(http, model, prompt, max_tokens)
     return {"cold": cold, "hit": hit}
 
 

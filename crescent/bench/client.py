@@ -67,6 +67,7 @@ async def stream_completion(
                     record.error = _error_text(json.dumps(event["error"]))
                     return record
                 now = time.perf_counter()
+                record.response_id = record.response_id or event.get("id")
                 if _text(event):
                     chunks += 1
                     if last is None:

@@ -28,3 +28,4 @@ class RequestRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     cached_by_tier: dict[str, int] | None = None
+    response_id: str | None = None  # the server's id of its response, where it gives one

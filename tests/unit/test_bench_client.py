@@ -59,7 +59,10 @@ class FakeOpenAI:
         yield b": a comment line, ignored\n\n"
         for i in range(body["max_tokens"]):
             await asyncio.sleep(self.gap_s)
-            chunk = {"choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}
+            chunk = {
+                "id": "cmpl-fake",
+                "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],
+            }
             yield f"data: {json.dumps(chunk)}\n\n".encode()
         if self.usage:
             usage = {
@@ -99,6 +102,7 @@ def test_a_streamed_request_is_timed_and_its_usage_read() -> None:
     assert first.e2e_s >= first.ttft_s + sum(first.itl_s) - 1e-6
     assert first.cached_tokens == 0
     assert again.cached_tokens == 32 and again.cached_by_tier == {"dram": 32, "nvme": 0, "s3": 0}
+    assert first.response_id == "cmpl-fake"  # what a server's debug view is asked by
 
 
 def test_the_body_is_token_ids_streamed_with_usage() -> None:

@@ -32,7 +32,10 @@ class EngineSettings(BaseSettings):
     dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
     enable_prefix_caching: bool = True
     num_threads: int | None = Field(
-        default=None, ge=1, le=1024, description="torch threads; default: the usable cores"
+        default=None,
+        ge=1,
+        le=1024,
+        description="torch threads; default: the pinned cores, else torch's",
     )
     cpu_affinity: str | None = Field(
         default=None, description="Cores this process runs on, as 0-3,6; default: any"

@@ -41,6 +41,8 @@ NODE_PHASES = (
     ENGINE_STEP,
     TOKEN_PUBLISH,
 )
+#: Phases a node sends as means over the request's tokens so far: the latest figure stands.
+PER_TOKEN_PHASES = frozenset({DECODE_STEP, ENGINE_STEP, TOKEN_PUBLISH})
 #: The phases that add up to the time to first token, in order (``HOPS`` is the rest).
 FIRST_TOKEN_PHASES = (PARSE, PLACEMENT, PREFILL_QUEUE, PREFIX_FETCH, PREFILL_COMPUTE)
 ALL_PHASES = (
@@ -60,3 +62,13 @@ def first_token_hops(phases: Mapping[str, float], ttft_s: float) -> float:
     queue and compute phases of the prefill node overlap nothing else, so they subtract."""
     timed = sum(phases.get(p, 0.0) for p in FIRST_TOKEN_PHASES)
     return max(ttft_s - timed, 0.0)
+
+
+def prefill_phases(arrived: float, fetch_s: float, admitted: float, now: float) -> dict[str, float]:
+    """What a prefill node timed of a request, from when its task arrived, how long its pulls
+    took, when the engine first stepped it and when its first token came."""
+    return {
+        PREFILL_QUEUE: max(admitted - arrived - fetch_s, 0.0),
+        PREFIX_FETCH: fetch_s,
+        PREFILL_COMPUTE: max(now - admitted, 0.0),
+    }

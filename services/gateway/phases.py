@@ -11,8 +11,6 @@ from typing import Any
 
 from shared import phases
 
-#: Phases a node sends as means over the tokens so far: the latest figure stands.
-PER_TOKEN = frozenset({phases.DECODE_STEP, phases.ENGINE_STEP, phases.TOKEN_PUBLISH})
 #: Breakdowns kept for the debug view, the most recent ones.
 MAX_RECENT = 1024
 
@@ -34,7 +32,7 @@ class RequestPhases:
         for phase, seconds in sent.items():
             if phase not in phases.NODE_PHASES:
                 continue  # a newer node's phase this gateway does not know
-            if phase in PER_TOKEN or phase not in self.timed:
+            if phase in phases.PER_TOKEN_PHASES or phase not in self.timed:
                 self.timed[phase] = seconds
 
     def wrote_event(self, seconds: float) -> None:

@@ -76,9 +76,7 @@ class PrefillRole:
         prompt, salt = list(req.prompt_token_ids), request_salt(node.settings.cache_secret, req)
         fetched = FetchedPrefix()
         if task.pulls:
-            started = time.monotonic()
             fetched = await self.fetcher.fetch(prompt, salt, task.pulls)
-            fetched.seconds = time.monotonic() - started
         if rid not in self.tasks:  # aborted while its blocks were pulled
             await node.host.cache_imports(fetched.imports)
             return
@@ -118,7 +116,7 @@ class PrefillRole:
         done = out.finish_reason is FinishReason.STOP or req.sampling.max_tokens == 1
         chunk = output_chunk(out, req.sampling.output_offset, out.num_cached_tokens)
         if arrived is not None and out.admitted_at >= arrived:
-            chunk.phases = prefill_phases(
+            chunk.phases = phases.prefill_phases(
                 arrived, fetched.seconds, out.admitted_at, time.monotonic()
             )
         block_size = node.engine.config.block_size
@@ -244,13 +242,3 @@ class PrefillRole:
 
     async def close(self) -> None:
         await self._work.close()
-
-
-def prefill_phases(arrived: float, fetch_s: float, admitted: float, now: float) -> dict[str, float]:
-    """What a prefill node timed of a request (``shared.phases``), from when its task arrived,
-    how long its pulls took, when the engine first stepped it and when its first token came."""
-    return {
-        phases.PREFILL_QUEUE: max(admitted - arrived - fetch_s, 0.0),
-        phases.PREFIX_FETCH: fetch_s,
-        phases.PREFILL_COMPUTE: max(now - admitted, 0.0),
-    }

@@ -25,7 +25,7 @@ from shared import subjects
 from shared.bus import Bus, BusRequestError, NoResponders
 from shared.cluster_messages import NodeStatus, TaskAck
 from shared.kv.hashing import BlockHash
-from shared.kv.tiers import DRAM
+from shared.kv.tiers import DRAM, bandwidth_key
 from shared.messages import AbortRequest, GenerateRequest, SubmitReply
 from shared.nats_events import disconnected_node
 from shared.rpc.types import PrefixHolder
@@ -196,7 +196,7 @@ class SchedulerHandlers:
         out = {"transfer": transfer}
         for h in holders:
             if h.tier != DRAM:
-                key = f"{h.node_id}/{h.tier}"
+                key = bandwidth_key(h.node_id, h.tier)
                 out[key] = self.view.tier_bandwidth(node, h.node_id, h.tier, transfer)
         return out
 

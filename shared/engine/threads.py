@@ -3,7 +3,8 @@
 Several Crescent processes often share a host (`crescent up` runs a prefill and a decode node
 beside the control plane). Each one sizing its thread pool to every core of the machine makes
 them fight over the cores; ``CRESCENT_CPU_AFFINITY`` pins a process to its own, and
-``CRESCENT_NUM_THREADS`` sizes its pool (by default, to the cores it may run on).
+``CRESCENT_NUM_THREADS`` sizes its pool (by default, to those cores; unpinned, torch's own
+choice).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from shared.cpus import parse_cpus
 
 def apply_thread_settings(num_threads: int | None, cpu_affinity: str | None) -> int:
     """Pins this process to ``cpu_affinity`` (if given) and sets torch's thread count to
-    ``num_threads``, else to the number of cores it may run on; returns that count."""
+    ``num_threads``, else to the number of cores it is pinned to; with neither, torch's own
+    count stands. Returns the count."""
     if cpu_affinity:
         os.sched_setaffinity(0, parse_cpus(cpu_affinity))
-    count = num_threads or len(os.sched_getaffinity(0))
-    torch.set_num_threads(count)
-    return count
+    count = num_threads or (len(os.sched_getaffinity(0)) if cpu_affinity else None)
+    if count is not None:
+        torch.set_num_threads(count)
+    return torch.get_num_threads()

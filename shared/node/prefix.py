@@ -13,6 +13,7 @@ never wrong.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,7 +42,7 @@ class FetchedPrefix:
 
     imports: list[tuple[PrefixImport, list[int]]] = field(default_factory=list)
     blocks_by_tier: dict[str, int] = field(default_factory=dict)
-    seconds: float = 0.0  # how long the pulls took
+    seconds: float = 0.0  # how long fetching it took
 
     def add(
         self,
@@ -97,6 +98,7 @@ class PrefixFetcher:
         return self.pin_timeout_s + LOWER_TIER_PIN_S_PER_BLOCK * num_blocks
 
     async def fetch(self, prompt: list[int], salt: bytes, plans: list[PullPlan]) -> FetchedPrefix:
+        started = time.monotonic()
         fetched = FetchedPrefix()
         hashes = self.engine.prompt_hashes(prompt, salt)
         for i, plan in enumerate(plans):
@@ -106,6 +108,7 @@ class PrefixFetcher:
                 # Never lose the request over a pull: log, and compute instead.
                 self.pulls_failed += 1
                 log.exception("pull from %s failed; computing instead", plan.node_id)
+        fetched.seconds = time.monotonic() - started
         return fetched
 
     async def _fetch_one(

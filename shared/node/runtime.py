@@ -109,11 +109,10 @@ class NodeRuntime:
         s = self.settings
         await self.server.start()
         thread = engine_thread()
-        if self._engine is None and s.engine_thread_load:
+        if self._engine is None:
+            loader = thread if s.engine_thread_load else None  # None: asyncio's default
             loop = asyncio.get_running_loop()
-            self._engine = (await loop.run_in_executor(thread, load_engine, s)).engine
-        elif self._engine is None:
-            self._engine = (await asyncio.to_thread(load_engine, s)).engine
+            self._engine = (await loop.run_in_executor(loader, load_engine, s)).engine
         self.engine: LLMEngine = self._engine
         if self._bus is None:
             name = f"crescent-{self.node_id}"

@@ -6,14 +6,13 @@ from __future__ import annotations
 import pytest
 
 from services.gateway.phases import Recent, RequestPhases
-from services.prefill.handlers import prefill_phases
 from shared import phases
 from shared.node.decode_timer import DecodeTimer
 
 
 def test_a_prefill_node_splits_its_time_into_queue_fetch_and_compute() -> None:
     # Arrived at 10.0, pulled for 0.3 s, first stepped at 10.5, first token at 11.25.
-    assert prefill_phases(10.0, 0.3, 10.5, 11.25) == {
+    assert phases.prefill_phases(10.0, 0.3, 10.5, 11.25) == {
         phases.PREFILL_QUEUE: pytest.approx(0.2),
         phases.PREFIX_FETCH: 0.3,
         phases.PREFILL_COMPUTE: pytest.approx(0.75),

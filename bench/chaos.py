@@ -47,6 +47,9 @@ def stack_env(cache_dir: Path, transfer: str) -> dict[str, str]:
         "CRESCENT_KV_CACHE_MB": "384",
         "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
         "CRESCENT_DRAIN_TIMEOUT_S": "10",
+        # The faults are injected into the disaggregated path (a prefill node that dies
+        # mid-prefill, a hand-off cut off), so every request takes it.
+        "CRESCENT_LOCAL_PREFILL": "false",
         "UCX_NET_DEVICES": "lo",
         "UCX_WARN_UNUSED_ENV_VARS": "n",
     }

@@ -178,6 +178,8 @@ def stack_env(cache_dir: Path, slo_ms: float) -> dict[str, str]:
         "CRESCENT_CACHE_DIR": str(cache_dir),
         "CRESCENT_TTFT_SLO_MS": str(slo_ms),
         "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
+        # The sustainable rate is measured on the prefill node's queue alone.
+        "CRESCENT_LOCAL_PREFILL": "false",
         "UCX_WARN_UNUSED_ENV_VARS": "n",
     }
 

@@ -41,7 +41,7 @@ class RolePermissions:
     responds: bool
 
 
-def _node(role: str, receives: str) -> RolePermissions:
+def _node(role: str, *receives: str) -> RolePermissions:
     """Prefill and decode nodes: tasks on their own subject, leases, pins, replays and their
     tierd's requests."""
     publish = [
@@ -56,7 +56,7 @@ def _node(role: str, receives: str) -> RolePermissions:
         # A hand-off to a decode node that went unanswered is aborted there.
         publish[1:1] = [subjects.decode_tasks("*"), subjects.ABORTS]
     subscribe = (
-        receives,
+        *receives,
         subjects.lease_releases("*"),
         subjects.peer_pins("*"),
         subjects.replays("*"),
@@ -114,6 +114,7 @@ def permissions() -> dict[str, RolePermissions]:
         "scheduler": RolePermissions(
             publish=(
                 subjects.prefill_tasks("*"),
+                subjects.local_tasks("*"),
                 subjects.heartbeats("scheduler", "*"),
                 subjects.ABORTS,
                 subjects.prefetches("*"),
@@ -129,7 +130,7 @@ def permissions() -> dict[str, RolePermissions]:
             responds=True,
         ),
         "prefill": _node("prefill", subjects.prefill_tasks("*")),
-        "decode": _node("decode", subjects.decode_tasks("*")),
+        "decode": _node("decode", subjects.decode_tasks("*"), subjects.local_tasks("*")),
         "tierd": _tierd(),
         TOOLS: RolePermissions(publish=(), subscribe=(subjects.HEARTBEATS_ALL,), responds=False),
     }

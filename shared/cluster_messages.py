@@ -103,7 +103,9 @@ class KVHandoff(WireMessage, kw_only=True):
     token made for this hand-off alone (never the request id, which is no secret).
 
     ``block_ids`` are the prefill node's blocks covering the prompt's computed tokens, in
-    order; ``block_checksums`` let the decode node verify every pulled block.
+    order; ``block_checksums`` let the decode node verify every pulled block. ``prepared_s``:
+    the seconds the prefill node spent between the first token and sending this (the
+    checksums), which the decode node adds to its own part when it times the hand-off.
     """
 
     request: GenerateRequest
@@ -117,6 +119,7 @@ class KVHandoff(WireMessage, kw_only=True):
     num_cached_tokens: Count = 0
     cached_by_tier: CachedByTier = msgspec.field(default_factory=dict)
     first_logprob: TokenLogprob | None = None
+    prepared_s: Seconds = 0.0
 
 
 class LeaseRelease(WireMessage, kw_only=True):
@@ -157,7 +160,10 @@ class NodeStatus(WireMessage, kw_only=True):
     capacity and use per tier, and ``read_bandwidth`` its measured bytes/s per tier.
     ``ttft_samples`` (prefill nodes): ``[predicted, actual]`` seconds from a task's arrival to
     its first token, for the tasks that got one since the last beat: how far the scheduler's
-    predictions are off on this node.
+    predictions are off on this node. ``local_prefill`` (decode nodes): it takes prefill
+    tasks of its own (``subjects.local_tasks``); ``handoff_samples`` (decode nodes):
+    ``[blocks pulled, seconds]`` of the hand-offs completed since the last beat, from the
+    first token on the prefill node to the sequence running here.
     """
 
     node_id: Id
@@ -205,6 +211,10 @@ class NodeStatus(WireMessage, kw_only=True):
     finishing_seqs: Annotated[
         list[tuple[Annotated[int, Meta(ge=0, le=1 << 24)], Annotated[int, Meta(ge=0, le=1 << 32)]]],
         Meta(max_length=MAX_FINISHING),
+    ] = msgspec.field(default_factory=list)
+    local_prefill: bool = False
+    handoff_samples: Annotated[
+        list[tuple[Annotated[int, Meta(ge=0, le=MAX_BLOCKS)], Seconds]], Meta(max_length=64)
     ] = msgspec.field(default_factory=list)
 
 

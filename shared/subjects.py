@@ -47,6 +47,12 @@ def decode_tasks(node_id: str) -> str:
     return f"{PREFIX}.decode.{node_id}"
 
 
+def local_tasks(node_id: str) -> str:
+    """scheduler -> one decode node (request/reply): a PrefillTask to compute there, with no
+    hand-off (a short prompt, or one the node already caches), answered by a TaskAck."""
+    return f"{PREFIX}.local.{node_id}"
+
+
 def lease_releases(node_id: str) -> str:
     """puller -> the node holding a lease: the blocks were pulled (or given up)."""
     return f"{PREFIX}.leases.{node_id}"

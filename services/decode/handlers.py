@@ -1,5 +1,6 @@
 """Bus adapter of a decode node: KV hand-offs in (acknowledged), pulled into the pool, tokens
-out; on drain, every request it holds is handed back to be resumed elsewhere."""
+out; prefill tasks of its own in (``local.py``); on drain, every request it holds is handed
+back to be resumed elsewhere."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from shared import subjects
 from shared.background import Background
@@ -21,10 +22,15 @@ from shared.node.ledger import Stage
 from shared.node.puller import PullSource
 from shared.node.runtime import NodeRuntime
 
+if TYPE_CHECKING:
+    from services.decode.local import LocalPrefills
+
 log = logging.getLogger(__name__)
 #: A draining node keeps serving pulls of its blocks at least this long after handing its
 #: requests back, so the nodes that resume them can pull their KV instead of recomputing.
 DRAIN_LINGER_S = 2.0
+#: Hand-off timings kept between heartbeats (the scheduler fits its hand-off model to them).
+MAX_HANDOFF_SAMPLES = 64
 
 
 class DecodeRole:
@@ -33,29 +39,26 @@ class DecodeRole:
 
     Invariants: every accepted hand-off ends in exactly one ``LeaseRelease`` to its prefill
     node, and in a running sequence, an error chunk, an abort or (draining) a migrate chunk.
-    Hand-offs get room in arrival order.
+    Hand-offs get room in arrival order. ``local`` (None: the node takes no prefill tasks)
+    owns the requests prefilled here until their first output.
     """
 
-    def __init__(self, node: NodeRuntime) -> None:
+    def __init__(self, node: NodeRuntime, local: LocalPrefills | None = None) -> None:
         self.node = node
+        self.local = local
         self.waiting: deque[KVHandoff] = deque()
+        # (blocks pulled, seconds from the first token on the prefill node to running here)
+        self.handoff_samples: deque[tuple[int, float]] = deque(maxlen=MAX_HANDOFF_SAMPLES)
         self._work = Background()
         self._admitting = asyncio.Lock()
 
     async def on_handoff(self, handoff: KVHandoff) -> TaskAck:
         node, req = self.node, handoff.request
         rid = req.request_id
-        refusal = node.refusal()
-        if refusal is not None:
-            return node.ack(False, refusal)
-        try:
-            req.sampling.to_params()
-        except InvalidRequestError as exc:
-            return self.node.ack(False, str(exc), 400)
-        if node.ledger.active(rid) is not None:
-            return self.node.ack(True)  # the same hand-off again: its first ack was lost
-        if len(self.waiting) >= node.settings.max_waiting:
-            return self.node.ack(False, "the decode queue is full")
+        answer, params = node.screen(req, len(self.waiting), "decode queue")
+        if params is None:
+            assert answer is not None
+            return answer
         holding = node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         # The first token is this node's output too, so a replay can start from it.
         node.ledger.record(
@@ -107,8 +110,12 @@ class DecodeRole:
             await node.host.abort(rid)
             return
         holding.stage = Stage.RUNNING
-        if holding.timer is not None:
-            holding.timer.running_at = time.monotonic()
+        timer = holding.timer
+        if timer is not None:
+            timer.running_at = time.monotonic()
+            if ok:
+                seconds = handoff.prepared_s + timer.running_at - timer.received_at
+                self.handoff_samples.append((len(slot.block_ids), seconds))
         await node.host.finish_import(rid, ok)
 
     async def _pull(self, handoff: KVHandoff, slot: ImportSlot) -> bool:
@@ -146,15 +153,20 @@ class DecodeRole:
             if holding is None:
                 continue  # handed back or aborted meanwhile
             if out.error is not None:
+                if self.local is not None:
+                    self.local.forget(rid)
                 await node.fail(rid, out.error, 500)
                 continue
+            prefilled = None if self.local is None else self.local.first_output(out, holding)
             chunk = output_chunk(out, holding.output_offset, holding.num_cached_tokens)
             chunk.cached_by_tier = holding.cached_by_tier
             timer = holding.timer
-            if timer is not None:
+            if prefilled is not None:
+                chunk.phases = prefilled
+            elif timer is not None:
                 chunk.phases = timer.output(time.monotonic(), node.host.last_step_s)
-                if out.finished:
-                    chunk.phases.update(timer.totals())
+            if timer is not None and out.finished:
+                chunk.phases.update(timer.totals())
             node.ledger.record(rid, chunk.token_ids, chunk.logprobs)
             if out.finished:
                 node.ledger.finish(rid, time.monotonic(), reason=chunk.finish_reason)
@@ -166,6 +178,8 @@ class DecodeRole:
             await self.admit_waiting()
 
     async def on_abort(self, request_id: str) -> None:
+        if self.local is not None:
+            self.local.forget(request_id)
         for handoff in list(self.waiting):
             if handoff.request.request_id == request_id:
                 self.waiting.remove(handoff)
@@ -197,6 +211,12 @@ class DecodeRole:
 
     def describe(self, status: NodeStatus) -> None:
         status.running_seqs += len(self.waiting)
+        status.handoff_samples = list(self.handoff_samples)
+        self.handoff_samples.clear()
+        if self.local is not None:
+            self.local.describe(status)
 
     async def close(self) -> None:
         await self._work.close()
+        if self.local is not None:
+            await self.local.close()

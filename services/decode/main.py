@@ -7,10 +7,12 @@ import logging
 
 from services.decode.config import DecodeSettings
 from services.decode.handlers import DecodeRole
+from services.decode.local import LocalPrefills
 from shared import subjects
 from shared.bus import Bus
-from shared.cluster_messages import KVHandoff
+from shared.cluster_messages import KVHandoff, PrefillTask
 from shared.engine.engine import LLMEngine
+from shared.node.prefix import PrefixFetcher
 from shared.node.runtime import NodeRuntime
 from shared.runtime import run_service
 
@@ -35,11 +37,18 @@ class DecodeService:
         await node.start(self._make_role)
         assert self.role is not None
         await node.bus.serve(subjects.decode_tasks(node.node_id), KVHandoff, self.role.on_handoff)
+        if self.role.local is not None:
+            subject = subjects.local_tasks(node.node_id)
+            await node.bus.serve(subject, PrefillTask, self.role.local.on_task)
         node.spawn(self._admit_retry(self.role))
         log.info("decode node %s serving", node.node_id)
 
     def _make_role(self, node: NodeRuntime) -> DecodeRole:
-        self.role = DecodeRole(node)
+        local = None
+        if self.settings.local_prefill:
+            fetcher = PrefixFetcher(node.bus, node.host, node.puller, direct=node.direct)
+            local = LocalPrefills(node, fetcher)
+        self.role = DecodeRole(node, local)
         return self.role
 
     async def stop(self) -> None:

@@ -89,6 +89,7 @@ class Run:
         self._clock = clock
         self._answered: set[int] = set()
         self._backlog: list[tuple[int, Delta]] = []
+        self._placed: dict[str, str] = {}  # the first choice's nodes, as the scheduler placed it
         self.timing = Timing(start=clock())
         self.phases = RequestPhases()
         self._first_deadline = self.timing.start + limits.first_token_timeout_s
@@ -111,6 +112,10 @@ class Run:
         self.phases.gateway(phases.SUBMIT, now - self.timing.start)
         if replies:
             self.phases.gateway(phases.PLACEMENT, replies[0].placement_s)
+            self._placed = {
+                "prefill_node": replies[0].prefill_node,
+                "decode_node": replies[0].decode_node,
+            }
         for stream, reply in zip(self._flight.streams, replies, strict=True):
             stream.watch = ChoiceWatch(reply.prefill_node, reply.prefill_epoch, now, now)
         while len(self._answered) < len(self.choices):
@@ -135,6 +140,7 @@ class Run:
             "prompt_tokens": len(self.request.prompts[first.prompt_index]),
             "completion_tokens": self.choices[0].completion_tokens,
             "resumes": self.resumes,
+            "placed": self._placed,
             "phases_s": self.breakdown(),
         }
 

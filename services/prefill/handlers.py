@@ -51,17 +51,10 @@ class PrefillRole:
     async def on_task(self, task: PrefillTask) -> TaskAck:
         node, req = self.node, task.request
         rid = req.request_id
-        refusal = node.refusal()
-        if refusal is not None:
-            return node.ack(False, refusal)
-        try:
-            params = req.sampling.to_params()
-        except InvalidRequestError as exc:
-            return self.node.ack(False, str(exc), 400)
-        if node.ledger.active(rid) is not None:
-            return self.node.ack(True)  # the same hand-off again: its first ack was lost
-        if len(self.tasks) >= node.settings.max_waiting:
-            return self.node.ack(False, "the prefill queue is full")
+        answer, params = node.screen(req, len(self.tasks), "prefill queue")
+        if params is None:
+            assert answer is not None
+            return answer
         node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         self.tasks[rid] = task
         self.arrived[rid] = time.monotonic()
@@ -113,6 +106,7 @@ class PrefillRole:
     ) -> None:
         node, req = self.node, task.request
         rid = req.request_id
+        output_at = time.monotonic()
         done = out.finish_reason is FinishReason.STOP or req.sampling.max_tokens == 1
         chunk = output_chunk(out, req.sampling.output_offset, out.num_cached_tokens)
         if arrived is not None and out.admitted_at >= arrived:
@@ -150,6 +144,7 @@ class PrefillRole:
             num_cached_tokens=out.num_cached_tokens,
             cached_by_tier=chunk.cached_by_tier,
             first_logprob=chunk.logprobs[0] if chunk.logprobs else None,
+            prepared_s=time.monotonic() - output_at,
         )
         await self._hand_off(task, handoff, lease)
 

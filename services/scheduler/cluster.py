@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from services.scheduler.calibration import TtftCalibration
 from services.scheduler.decode_index import DecodeIndex
+from services.scheduler.handoff import HandoffTimes
 from services.scheduler.index import PrefillClass, PrefillIndex
 from services.scheduler.inflight import Arrivals, InFlight
 from services.scheduler.timing import StepTimes
@@ -59,6 +60,7 @@ class NodeLoad:
     # Its NATS connection closed after its last heartbeat (the server's advisory said so).
     disconnected: bool = False
     read_bandwidth: dict[str, float] = field(default_factory=dict)
+    local_prefill: bool = False  # a decode node that takes prefill tasks of its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,8 +98,8 @@ class CostParams:
 
 @dataclass(slots=True)
 class ClusterView:
-    """Owns the freshest view of every node, their step-time models, and the requests placed
-    but not yet arrived at their decode nodes.
+    """Owns the freshest view of every node, their step-time and hand-off models, and the
+    requests placed but not yet arrived at their decode nodes.
 
     Invariants: a heartbeat resets the prompt tokens placed on its node (its queue now counts
     them) and forgets the arrivals due by then (its own counts include them); a heartbeat with
@@ -112,6 +114,7 @@ class ClusterView:
     timing: StepTimes = field(default_factory=StepTimes)
     costs: CostParams = field(default_factory=CostParams)
     calibration: TtftCalibration = field(default_factory=TtftCalibration)
+    handoffs: HandoffTimes = field(default_factory=HandoffTimes)
     _bandwidth_sum: tuple[float, int] = (0.0, 0)
     _arrivals: dict[str, Arrivals] = field(default_factory=dict)
     _by_request: dict[str, InFlight] = field(default_factory=dict)

@@ -90,6 +90,12 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
         description="ask a tierd to move a placement's S3 blocks to NVMe while the request "
         "waits in its prefill node's queue, when the wait is long enough",
     )
+    local_prefill: bool = Field(
+        default=True,
+        description="conditional disaggregation: let a decode node prefill a request itself, "
+        "with no KV hand-off, when the measured costs say that is cheaper (a short prompt, or "
+        "one the decode node already caches)",
+    )
     step_prior_base_s: float = Field(default=DEFAULT_PRIOR.base_s, ge=0)
     step_prior_per_token_s: float = Field(default=DEFAULT_PRIOR.per_token_s, ge=0)
     step_prior_per_attention_s: float = Field(default=DEFAULT_PRIOR.per_attention_s, ge=0)

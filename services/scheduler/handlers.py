@@ -68,6 +68,7 @@ class SchedulerHandlers:
         ack_timeout_s: float = 1.0,
         round_robin: bool = False,
         prefetch: bool = True,
+        local_prefill: bool = False,
     ) -> None:
         self.bus = bus
         self.view = view
@@ -81,6 +82,7 @@ class SchedulerHandlers:
         self.ack_timeout_s = ack_timeout_s
         self.round_robin = round_robin
         self.prefetch = prefetch
+        self.local_prefill = local_prefill
         self._turn = 0
         self._warned_secret: set[str] = set()
 
@@ -96,6 +98,8 @@ class SchedulerHandlers:
         if status.role != TIERD:  # a tierd runs no engine: no steps to time, no TTFTs
             self.view.timing.add(status.node_id, status.role, status.step_samples)
             self.view.calibration.add(status.node_id, status.ttft_samples)
+        if status.role == "decode":
+            self.view.handoffs.add(status.handoff_samples)
         self.view.forget_dead(now)
 
     def _check_secret(self, status: NodeStatus) -> None:
@@ -157,8 +161,9 @@ class SchedulerHandlers:
             record_placement(self.view, decision, ask)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
-                    "placing %s on %s: holders %s, pulls %s, predicted TTFT %.3f s, "
-                    "bandwidths %s", rid, decision.prefill_node, holders, decision.pulls,
+                    "placing %s on %s%s: holders %s, pulls %s, predicted TTFT %.3f s, "
+                    "bandwidths %s", rid, decision.prefill_node,
+                    " (local prefill)" if decision.local else "", holders, decision.pulls,
                     decision.predicted_ttft_s, self._priced_bandwidths(decision, holders),
                 )  # fmt: skip
             if self.prefetch:
@@ -260,7 +265,7 @@ class SchedulerHandlers:
             )  # fmt: skip
         return place(
             ask, self.view, holders, now, self.slo_s, tbt_slo_s=self.tbt_slo_s, avoid=avoid,
-            resumed=resumed,
+            resumed=resumed, local_prefill=self.local_prefill,
         )  # fmt: skip
 
     async def _prefetch(
@@ -289,10 +294,9 @@ class SchedulerHandlers:
         """Hands the task to the prefill node; None when it did not answer."""
         node = placement.prefill_node
         task = prefill_task(request, placement)
+        subject = subjects.local_tasks(node) if placement.local else subjects.prefill_tasks(node)
         try:
-            return await self.bus.request(
-                subjects.prefill_tasks(node), task, TaskAck, self.ack_timeout_s
-            )
+            return await self.bus.request(subject, task, TaskAck, self.ack_timeout_s)
         except NoResponders:
             log.warning("prefill node %s is gone; placing %s elsewhere", node, request.request_id)
         except BusRequestError as exc:

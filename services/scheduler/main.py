@@ -79,6 +79,7 @@ class SchedulerService:
             ack_timeout_s=s.ack_timeout_ms / 1000,
             round_robin=s.placement == "round_robin",
             prefetch=s.prefetch,
+            local_prefill=s.local_prefill,
         )
         if s.metrics_port is not None:
             self.ops = OpsServer(

@@ -26,6 +26,11 @@ class SchedulerMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.placements = Counter("crescent_placements", "requests placed on nodes", registry=r)
+        self.local_prefills = Counter(
+            "crescent_local_prefills",
+            "requests prefilled on their decode node, with no KV hand-off",
+            registry=r,
+        )
         self.rejections = Counter(
             "crescent_rejections", "requests refused, by cause", ["cause"], registry=r
         )
@@ -61,6 +66,8 @@ class SchedulerMetrics:
 
     def placed(self, placement: Placement, request: PlacementRequest) -> None:
         self.placements.inc()
+        if placement.local:
+            self.local_prefills.inc()
         self.predicted_ttft.observe(placement.predicted_ttft_s)
         self.prompt_tokens.inc(request.num_prompt_tokens)
         self.cached_tokens.inc(placement.num_cached_tokens)

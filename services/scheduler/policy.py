@@ -6,9 +6,11 @@ For each prefill node that may take work the predicted time to first token (TTFT
     queue wait + fetch time of the cached blocks it lacks + prefill time of the rest
 
 and the cheapest node wins. Decode nodes are ranked by their load predicted for when that
-prefill ends (``forecast.py``): those with room first, the fastest predicted step first. A
-request is refused at once (429) when its TTFT or, on every decode node, its time between
-tokens would miss an objective. No I/O and no framework here, so the simulator and the unit
+prefill ends (``forecast.py``): those with room first, the fastest predicted step first. With
+``local_prefill``, a request whose prefill costs everyone less on a decode node than a
+hand-off does is prefilled there instead (``disaggregation.py``). A request is refused at
+once (429) when its TTFT or, on every decode node, its time between tokens would miss an
+objective. No I/O and no framework here, so the simulator and the unit
 tests run exactly this code.
 """
 
@@ -27,6 +29,7 @@ from services.scheduler.costs import (
     cost_without_cache,
     prefill_costs,
 )
+from services.scheduler.disaggregation import choose_local
 from services.scheduler.forecast import DecodeForecast, blocks_needed, retry_after
 from services.scheduler.inflight import InFlight
 from services.scheduler.ranking import best_decodes, rank_key
@@ -62,7 +65,8 @@ class Placement:
     """Where a request runs, what its prefill node pulls first, and what that should cost.
     ``decode_nodes`` are ranked, best first (at least one); ``placed_at`` is the ``now`` it was
     computed for, so ``placed_at + predicted_ttft_s`` is when its prefill should end, and
-    ``placed_at + predicted_wait_s`` when its prefill node's queue reaches it."""
+    ``placed_at + predicted_wait_s`` when its prefill node's queue reaches it. ``local``: the
+    prefill node is the decode node itself (``decode_nodes == [prefill_node]``), no hand-off."""
 
     prefill_node: str
     decode_nodes: list[str]
@@ -72,6 +76,7 @@ class Placement:
     predicted_tbt_s: float = 0.0
     placed_at: float = 0.0
     predicted_wait_s: float = 0.0
+    local: bool = False
 
     @property
     def decode_node(self) -> str:
@@ -98,6 +103,8 @@ class _Terms:
     tbt_slo_s: float | None
     avoid: Collection[str]
     resumed: bool
+    # Where the request's prefix is cached, to price prefilling on a decode node; None: never.
+    local_from: tuple[Sequence[PrefixHolder], CommonPrefix | None] | None = None
 
 
 def place(
@@ -111,14 +118,17 @@ def place(
     avoid: Collection[str] = (),
     resumed: bool = False,
     common: CommonPrefix | None = None,
+    local_prefill: bool = False,
 ) -> Placement | Rejection:
     """The cheapest prefill node and the ranked decode nodes for ``request``, none of them in
     ``avoid``; a 503 when a role has no node to take it, a 429 when even the cheapest TTFT
     exceeds ``slo_s`` or no decode node is predicted to meet ``tbt_slo_s`` with room (unless
     ``resumed``). ``holders`` is cachemeta's answer for the prompt's blocks (empty: place
     without regard to caches); ``common`` the pools holding a prefix too widely held to list
-    (the same as listing each)."""
-    terms = _Terms(slo_s, tbt_slo_s, avoid, resumed)
+    (the same as listing each). ``local_prefill``: a decode node may prefill the request
+    itself where that costs less (``Placement.local``)."""
+    local_from = (holders, common) if local_prefill else None
+    terms = _Terms(slo_s, tbt_slo_s, avoid, resumed, local_from)
     best = cheapest_prefill(request, view, holders, now, avoid, common)
     if best is None:
         return Rejection("no prefill node is available", cause="no_prefill_node")
@@ -204,6 +214,10 @@ def _finish(
         if not meeting:
             return _decode_rejection(request, view, ranked, tbt_slo_s)
         ranked = meeting
+    if terms.local_from is not None:
+        local = _local(request, view, now, chosen, ranked, terms)
+        if local is not None:
+            return local
     return Placement(
         prefill_node=chosen.node_id,
         decode_nodes=[f.node_id for f in ranked[:MAX_DECODE_CANDIDATES]],
@@ -213,6 +227,38 @@ def _finish(
         predicted_tbt_s=ranked[0].tbt_s,
         placed_at=now,
         predicted_wait_s=chosen.wait_s,
+    )
+
+
+def _local(
+    request: PlacementRequest,
+    view: ClusterView,
+    now: float,
+    chosen: PrefillCost,
+    ranked: Sequence[DecodeForecast],
+    terms: _Terms,
+) -> Placement | None:
+    """The placement prefilling on a ranked decode node, where that beats ``chosen``."""
+    assert terms.local_from is not None
+    holders, common = terms.local_from
+    tbt_slo_s = None if terms.resumed else terms.tbt_slo_s
+    found = choose_local(
+        request, view, holders, now, chosen, ranked, tbt_slo_s, terms.avoid, common
+    )
+    if found is None:
+        return None
+    local, forecast = found
+    cost = local.cost
+    return Placement(
+        prefill_node=cost.node_id,
+        decode_nodes=[cost.node_id],
+        pulls=cost.pulls,
+        predicted_ttft_s=local.ttft_s,
+        num_cached_tokens=cost.cached_tokens,
+        predicted_tbt_s=forecast.tbt_s,
+        placed_at=now,
+        predicted_wait_s=cost.wait_s,
+        local=True,
     )
 
 

@@ -36,6 +36,7 @@ def node_load(status: NodeStatus, now: float) -> NodeLoad:
         host_id=status.host_id,
         tiers={tier: (capacity, used) for tier, (capacity, used) in status.tiers.items()},
         read_bandwidth=dict(status.read_bandwidth),
+        local_prefill=status.local_prefill and status.role == "decode",
     )
 
 

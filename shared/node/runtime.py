@@ -30,9 +30,16 @@ from shared.cluster_messages import (
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
 from shared.engine.types import RequestOutput, StepTiming
+from shared.errors import InvalidRequestError
 from shared.heartbeat import heartbeat_loop
 from shared.kv.block_file import Layout
-from shared.messages import AbortRequest, ReplayReply, ReplayRequest, TokenChunk
+from shared.messages import (
+    AbortRequest,
+    GenerateRequest,
+    ReplayReply,
+    ReplayRequest,
+    TokenChunk,
+)
 from shared.model.kv_cache import PagedKVCache
 from shared.node.catalogue import CatalogueSync
 from shared.node.chunks import error_chunk
@@ -46,6 +53,7 @@ from shared.node.settings import NodeSettings
 from shared.node.sink import SinkServer
 from shared.node.upkeep import Upkeep
 from shared.ops_http import OpsServer
+from shared.sampling_params import SamplingParams
 from shared.secrets import secret_fingerprint
 from shared.transfer.base import TransferServer, create_server
 
@@ -190,6 +198,26 @@ class NodeRuntime:
         if self.draining:
             return "draining"
         return "unhealthy" if self.host.stuck() else None
+
+    def screen(
+        self, request: GenerateRequest, waiting: int, queue: str
+    ) -> tuple[TaskAck | None, SamplingParams | None]:
+        """The checks every task a node is offered passes first: the node takes work, the
+        sampling is valid, the request is not already here, ``waiting`` is under the node's
+        limit. Returns ``(answer, None)`` when one settles the offer (an ack of a repeated one
+        whose first ack was lost, or a refusal naming ``queue``), else ``(None, params)``."""
+        refusal = self.refusal()
+        if refusal is not None:
+            return self.ack(False, refusal), None
+        try:
+            params = request.sampling.to_params()
+        except InvalidRequestError as exc:
+            return self.ack(False, str(exc), 400), None
+        if self.ledger.active(request.request_id) is not None:
+            return self.ack(True), None
+        if waiting >= self.settings.max_waiting:
+            return self.ack(False, f"the {queue} is full"), None
+        return None, params
 
     def ack(self, accepted: bool, reason: str = "", code: int | None = None) -> TaskAck:
         """The node's answer to a hand-off."""

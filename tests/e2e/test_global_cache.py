@@ -54,6 +54,9 @@ def gstack(
         env = stack_env(cache_dir, nats_server.url, "ucx") | {
             "CRESCENT_CACHEMETA_URL": cachemeta.target,
             "CRESCENT_DB_URL": postgres.sqlalchemy_url(database),
+            # These tests follow blocks between prefill nodes; a decode node prefilling a
+            # next turn itself is tested with the default stack.
+            "CRESCENT_LOCAL_PREFILL": "false",
         }
         stack = Stack.start(data_dir, env, ["--prefill", "2"])
         try:

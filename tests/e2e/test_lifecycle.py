@@ -18,7 +18,9 @@ pytestmark = pytest.mark.slow
 def test_up_serves_over_tcp_and_stops_without_leftovers(
     tmp_path: Path, cache_dir: Path, nats_server: NatsServer
 ) -> None:
-    stack = Stack.start(tmp_path, stack_env(cache_dir, nats_server.url, "tcp"))
+    # Every request is handed off, so its KV crosses the TCP transfer path.
+    env = stack_env(cache_dir, nats_server.url, "tcp") | {"CRESCENT_LOCAL_PREFILL": "false"}
+    stack = Stack.start(tmp_path, env)
     try:
         children = processes_marked(stack.up_id)
         assert len(children) >= 4, children  # gateway, scheduler, prefill, decode

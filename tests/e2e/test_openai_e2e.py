@@ -8,8 +8,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -170,21 +173,82 @@ def test_bad_requests_get_openai_errors_and_the_stack_keeps_serving(
     assert after.choices[0].message.content == "The capital of France is Paris."
 
 
-def test_prefill_and_decode_are_separate_processes_and_kv_crosses_ucx(
+def test_a_short_prompt_is_prefilled_on_the_decode_node_and_a_long_one_crosses_ucx(
     client: OpenAI, model_name: str, nats_server: NatsServer, stack: Stack
 ) -> None:
-    client.chat.completions.create(
-        model=model_name,
-        messages=POEM,
-        max_tokens=8,
-        temperature=0,  # type: ignore[arg-type]
+    """Conditional disaggregation: a prompt of a few tokens costs less on the decode node than
+    a hand-off; a long one beside a decoding stream would pause it longer than a hand-off
+    takes, so a prefill node computes it and its KV crosses UCX."""
+    time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
+    short = client.completions.create(
+        model=model_name, prompt="The capital of France is", max_tokens=8, temperature=0
     )
+    assert short.choices[0].text.strip().startswith("Paris")
+    short_view = debug_view(stack, short.id)
+    assert short_view["placed"] == {"prefill_node": "decode-0", "decode_node": "decode-0"}
+    assert "kv_handoff" not in short_view["phases_s"], short_view
+    before = asyncio.run(latest_heartbeats(nats_server.url))["decode-0"].kv_bytes_received
+
+    report = " ".join(
+        f"Line {i} of a long report on the tides at {os.getpid()}." for i in range(90)
+    )
+    long_id, streamed = asyncio.run(long_prompt_beside_a_stream(stack, model_name, report))
+    assert "1" in streamed and "10" in streamed  # the stream went on, whole
+    long_view = debug_view(stack, long_id)
+    assert long_view["prompt_tokens"] > 1000
+    assert long_view["placed"] == {"prefill_node": "prefill-0", "decode_node": "decode-0"}
+    assert long_view["phases_s"]["kv_handoff"] > 0, long_view
     beats = asyncio.run(latest_heartbeats(nats_server.url))
     prefill, decode = beats["prefill-0"], beats["decode-0"]
     assert prefill.pid != decode.pid and stack.proc.pid not in (prefill.pid, decode.pid)
-    assert prefill.transfer_kind == "ucx"
+    assert prefill.transfer_kind == "ucx" and decode.local_prefill
     assert prefill.kv_bytes_sent > 0
-    assert decode.kv_bytes_received > 0
+    assert decode.kv_bytes_received > before
+
+
+async def long_prompt_beside_a_stream(
+    stack: Stack, model_name: str, prompt: str
+) -> tuple[str, str]:
+    """Sends ``prompt`` once a long stream is decoding (and the scheduler has seen it on the
+    decode node); returns the long request's id and the stream's text."""
+    aclient = AsyncOpenAI(base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=300)
+    started = asyncio.Event()
+
+    async def stream() -> str:
+        chunks = await aclient.chat.completions.create(
+            model=model_name,
+            messages=[{"role": "user", "content": "Count from 1 to 200, separated by commas."}],
+            max_tokens=160,
+            temperature=0,
+            stream=True,
+        )
+        text = ""
+        async for chunk in chunks:
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                if len(text) > 8:
+                    started.set()
+        return text
+
+    streaming = asyncio.create_task(stream())
+    await asyncio.wait_for(started.wait(), 120)
+    await asyncio.sleep(1.5)  # the decode node's next heartbeats count the stream
+    assert not streaming.done()
+    long = await aclient.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=4,
+        temperature=0,
+    )
+    return long.id, await streaming
+
+
+def debug_view(stack: Stack, response_id: str) -> dict[str, Any]:
+    url = stack.base_url.removesuffix("/v1") + f"/debug/requests/{response_id}"
+    reply = httpx.get(url, headers={"authorization": f"Bearer {ALICE_KEY}"}, timeout=10)
+    reply.raise_for_status()
+    view: dict[str, Any] = reply.json()
+    return view
 
 
 async def latest_heartbeats(nats_url: str) -> dict[str, NodeStatus]:

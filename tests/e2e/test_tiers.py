@@ -103,6 +103,8 @@ def tiers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator
         "CRESCENT_API_KEYS": f"{ALICE_KEY}:alice,{BOB_KEY}:bob",
         # Placements (which holders, which pulls) are logged at debug: a failure shows them.
         "CRESCENT_LOG_LEVEL": "DEBUG",
+        # The tiers are read by the prefill node these tests watch, never by a decode node.
+        "CRESCENT_LOCAL_PREFILL": "false",
         "UCX_NET_DEVICES": "lo",
         "UCX_WARN_UNUSED_ENV_VARS": "n",
     }

@@ -1,0 +1,126 @@
+"""Conditional disaggregation: prefill on the decode node or hand off, on both sides of the
+break-even point the measured step and hand-off times imply."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.disaggregation import (
+    Disaggregated,
+    LocalPrefill,
+    break_even_tokens,
+    pause_seconds,
+    prefer_local,
+)
+from services.scheduler.handoff import HandoffCoefficients, HandoffTimes, handoff_prior
+from services.scheduler.policy import (
+    ClusterView,
+    CostParams,
+    Placement,
+    PlacementRequest,
+    PrefillCost,
+    Rejection,
+    place,
+)
+from services.scheduler.timing import StepCoefficients, StepTimes
+from shared.rpc.types import PrefixHolder
+from tests.unit.scheduler_nodes import NOW, node, placed
+
+COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=1e-7)
+STEP = CostParams().max_num_batched_tokens
+#: Hand-offs measured at 30 ms plus 2 ms a block.
+MEASURED = [(blocks, 0.03 + 0.002 * blocks) for blocks in range(1, 65)]
+
+
+def cluster(running: int = 0, samples: list[tuple[int, float]] = MEASURED) -> ClusterView:
+    view = ClusterView(3.0, timing=StepTimes(COEF))
+    view.update(node("p", "prefill"))
+    view.update(node("d", "decode", running_seqs=running, free_blocks=1000, local_prefill=True))
+    view.handoffs.add(samples)
+    return view
+
+
+def decide(
+    view: ClusterView,
+    tokens: int,
+    holders: list[PrefixHolder] | None = None,
+    tbt_slo_s: float | None = None,
+) -> Placement:
+    ask = PlacementRequest(tokens, 8, request_id=f"r{tokens}")
+    decision = place(ask, view, holders or [], NOW, tbt_slo_s=tbt_slo_s, local_prefill=True)
+    return placed(decision)
+
+
+def fitted(view: ClusterView) -> HandoffCoefficients:
+    return view.handoffs.coefficients(handoff_prior(0.002, 32 * 46_080, 1e9))
+
+
+def test_the_hand_off_fit_recovers_the_measured_line_and_drops_bad_samples() -> None:
+    times = HandoffTimes(window=64)
+    times.add([*MEASURED, (-1, 0.5), (3, float("nan")), (3, -0.1)])
+    coef = times.coefficients(HandoffCoefficients(0.004, 0.0015))
+    assert coef.base_s == pytest.approx(0.03, rel=0.02)
+    assert coef.per_block_s == pytest.approx(0.002, rel=0.02)
+    # With nothing measured the prior stands: two fixed costs and the bytes at the bandwidth;
+    # with hand-offs of one size only, it settles the slope they leave open.
+    prior = handoff_prior(0.002, 1_000_000, 1e9)
+    assert HandoffTimes().coefficients(prior) == HandoffCoefficients(0.004, 0.001)
+    one_size = HandoffTimes()
+    one_size.add([(16, 0.1)] * 8)
+    coef = one_size.coefficients(prior)
+    assert coef.seconds(16) == pytest.approx(0.1, rel=0.01) and coef.per_block_s > 0
+
+
+def test_prefer_local_weighs_the_pause_of_every_decoding_sequence() -> None:
+    cost = PrefillCost("d", 0.0, 0.0, 0.2, 0, 0, (), 0)
+    remote = Disaggregated(ttft_s=0.2, handoff_s=0.05)
+    assert prefer_local(LocalPrefill(cost, 0.04, 1, 0.02), remote, None)  # 0.24 < 0.25
+    assert not prefer_local(LocalPrefill(cost, 0.06, 1, 0.02), remote, None)  # 0.26
+    assert not prefer_local(LocalPrefill(cost, 0.03, 2, 0.02), remote, None)  # 0.26
+    # A pause that would stretch the node's steps past the objective is never taken.
+    assert not prefer_local(LocalPrefill(cost, 0.0, 0, 0.02), remote, 0.01)
+
+
+@pytest.mark.parametrize("running", [1, 3])
+def test_a_fresh_prompt_is_prefilled_locally_up_to_the_break_even_length(running: int) -> None:
+    view = cluster(running)
+    limit = break_even_tokens(COEF, STEP, 0.0, running, fitted(view), 32)
+    assert 1 < limit < 10_000
+    short, long = decide(view, limit), decide(cluster(running), limit + 1)
+    assert short.local and short.prefill_node == "d" and short.decode_nodes == ["d"]
+    assert not long.local and long.prefill_node == "p" and long.decode_nodes == ["d"]
+
+
+def test_the_break_even_moves_with_what_is_measured() -> None:
+    slow_link = [(blocks, 0.03 + 0.02 * blocks) for blocks in range(1, 65)]
+    one = break_even_tokens(COEF, STEP, 0.0, 1, fitted(cluster(1)), 32)
+    slow = break_even_tokens(COEF, STEP, 0.0, 1, fitted(cluster(1, slow_link)), 32)
+    busier = break_even_tokens(COEF, STEP, 0.0, 4, fitted(cluster(4)), 32)
+    assert busier < one < slow
+    # An idle node with no objective keeps every prompt: nobody waits for its steps.
+    idle = break_even_tokens(COEF, STEP, 0.0, 0, fitted(cluster(0)), 32, limit=1 << 16)
+    assert idle == 1 << 16
+    assert decide(cluster(0), 4000).local
+    # An objective on the time between tokens bounds the pause a prompt may cause.
+    bounded = break_even_tokens(COEF, STEP, 0.02, 0, fitted(cluster(0)), 32, tbt_slo_s=0.1)
+    assert pause_seconds(COEF, bounded, 0, STEP) <= 0.08 < pause_seconds(COEF, bounded + 1, 0, STEP)
+
+
+def test_a_long_prompt_the_decode_node_caches_is_prefilled_there() -> None:
+    tokens = 4000
+    assert not decide(cluster(2), tokens).local
+    held = [PrefixHolder("d", "dram", (tokens - 1) // 32)]
+    on_d = decide(cluster(2), tokens, held)
+    assert on_d.local and on_d.num_cached_tokens == (tokens - 1) // 32 * 32 and not on_d.pulls
+
+
+def test_nothing_is_prefilled_locally_unless_both_sides_take_part() -> None:
+    view = cluster(0)
+    ask = PlacementRequest(64, 8, request_id="r")
+    assert not placed(place(ask, view, [], NOW)).local  # the scheduler's option is off
+    view.update(node("d", "decode", free_blocks=1000))  # the node does not take prefill tasks
+    assert not decide(view, 64).local
+    # A node without room for the request cannot take it either way.
+    view.update(node("d", "decode", free_blocks=1, local_prefill=True))
+    assert not isinstance(place(ask, view, [], NOW, local_prefill=True), Rejection)
+    assert not placed(place(ask, view, [], NOW, local_prefill=True)).local

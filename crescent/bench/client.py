@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -46,8 +46,10 @@ async def stream_completion(
     body: Mapping[str, Any],
     record: RequestRecord,
     headers: Mapping[str, str] | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> RequestRecord:
-    """Sends ``body`` to ``url`` and fills ``record`` in from the stream."""
+    """Sends ``body`` to ``url`` and fills ``record`` in from the stream; ``on_text`` gets
+    each piece of text as it comes."""
     start = time.perf_counter()
     chunks = 0
     last: float | None = None
@@ -68,7 +70,10 @@ async def stream_completion(
                     return record
                 now = time.perf_counter()
                 record.response_id = record.response_id or event.get("id")
-                if _text(event):
+                text = _text(event)
+                if text:
+                    if on_text is not None:
+                        on_text(text)
                     chunks += 1
                     if last is None:
                         record.ttft_s = now - start

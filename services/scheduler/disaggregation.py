@@ -110,7 +110,7 @@ def choose_local(
         step = node.max_num_batched_tokens or view.costs.max_num_batched_tokens
         cost = pricing.cost_on(node, pricing.model_of(coef, step, node.block_size))
         pause = pause_seconds(coef, request.num_prompt_tokens, cost.cached_tokens, step)
-        local = LocalPrefill(cost, pause, max(f.seqs - 1, 0), f.tbt_s)
+        local = LocalPrefill(cost, pause, decoding(view, node, now + cost.ttft_s), f.tbt_s)
         if best is None or local.total_s < best[0].total_s:
             best = (local, f)
     target = view.nodes.get(ranked[0].node_id)
@@ -121,6 +121,13 @@ def choose_local(
     handoff_s = handoff_coefficients(view, target).seconds(lacking)
     disaggregated = Disaggregated(remote.ttft_s, handoff_s)
     return best if prefer_local(best[0], disaggregated, tbt_slo_s) else None
+
+
+def decoding(view: ClusterView, node: NodeLoad, until: float) -> int:
+    """The sequences decode node ``node`` runs while a prompt computed there until ``until``
+    pauses them: those its last heartbeat counted, and those placed on it since that are due
+    by then. None is taken as finished early: the pause starts now."""
+    return node.running_seqs + view.arriving_by(node.node_id, until)[0]
 
 
 def pause_seconds(

@@ -20,6 +20,7 @@ from services.scheduler.policy import (
     record_placement,
 )
 from services.scheduler.prefetch import Prefetch, plan_prefetches
+from services.scheduler.recent import RecentPlacements, merge
 from services.scheduler.wire import node_load, prefetch_requests, prefill_task
 from shared import subjects
 from shared.bus import Bus, BusRequestError, NoResponders
@@ -47,7 +48,10 @@ class SchedulerHandlers:
     Invariants: a placement is recorded in the view in the same event-loop step that computes
     it (nothing is awaited in between), so requests placed concurrently each see the ones
     before; a request is answered accepted only after a prefill node acknowledged it, and a
-    node that refused or did not answer is never tried twice for it. A tierd is in the view as
+    node that refused or did not answer is never tried twice for it. The prompts a decode node
+    was given to prefill in the last seconds count as cached there (``RecentPlacements``: the
+    catalogue lists them only once the node has synced, and a prefill node would compute them
+    again meanwhile). A tierd is in the view as
     a source of pulls only (placement takes only prefill and decode nodes as targets). A
     prefetch is a hint: it goes out before the task (so the move overlaps the queue wait), at
     most once per request, and its failure never fails the request.
@@ -83,6 +87,7 @@ class SchedulerHandlers:
         self.round_robin = round_robin
         self.prefetch = prefetch
         self.local_prefill = local_prefill
+        self.recent = RecentPlacements()
         self._turn = 0
         self._warned_secret: set[str] = set()
 
@@ -152,6 +157,7 @@ class SchedulerHandlers:
         if not self.round_robin:
             hashes = self._block_hashes(request)
             holders = await self.lookup.match(hashes, self._lookup_budget(ask, request.resume))
+            holders = merge(holders, self.recent.holders(hashes, time.monotonic()))
         avoid: set[str] = set()
         prefetched: set[Prefetch] = set()
         for _ in range(MAX_TRIES):
@@ -162,9 +168,10 @@ class SchedulerHandlers:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "placing %s on %s%s: holders %s, pulls %s, predicted TTFT %.3f s, "
-                    "bandwidths %s", rid, decision.prefill_node,
+                    "bandwidths %s, holders' last heartbeats %s", rid, decision.prefill_node,
                     " (local prefill)" if decision.local else "", holders, decision.pulls,
                     decision.predicted_ttft_s, self._priced_bandwidths(decision, holders),
+                    self._holders_seen(holders),
                 )  # fmt: skip
             if self.prefetch:
                 await self._prefetch(decision, hashes, prefetched)
@@ -173,6 +180,8 @@ class SchedulerHandlers:
             if ack is not None and ack.accepted:
                 self.metrics.placed(decision, ask)
                 self.lookup.touch(hashes[: _matched(holders)])
+                if decision.local:
+                    self.recent.record(hashes, decision.prefill_node, time.monotonic())
                 return SubmitReply(
                     accepted=True,
                     prefill_node=decision.prefill_node,
@@ -203,6 +212,20 @@ class SchedulerHandlers:
             if h.tier != DRAM:
                 key = bandwidth_key(h.node_id, h.tier)
                 out[key] = self.view.tier_bandwidth(node, h.node_id, h.tier, transfer)
+        return out
+
+    def _holders_seen(self, holders: list[PrefixHolder]) -> dict[str, str]:
+        """How long ago each holder's last heartbeat came, and whether it may be pulled from
+        (for the debug log: a holder placement could not use)."""
+        now, out = time.monotonic(), {}
+        for node_id in {h.node_id for h in holders}:
+            node = self.view.nodes.get(node_id)
+            if node is None:
+                out[node_id] = "never seen"
+                continue
+            usable = "source" if self.view.source_alive(node, now) else "not a source"
+            gone = ", disconnected" if node.disconnected else ""
+            out[node_id] = f"{now - node.last_seen:.1f} s ago ({usable}{gone})"
         return out
 
     def _hopeless(self, ask: PlacementRequest, resumed: bool) -> Rejection | None:

@@ -41,7 +41,9 @@ class LLMEngine:
         self.runner = runner
         self.model_id = model_id
         self.pool = BlockPool(config.num_kv_blocks)
-        self.kv = KVCacheManager(self.pool, config.block_size, config.enable_prefix_caching)
+        self.kv = KVCacheManager(
+            self.pool, config.block_size, config.enable_prefix_caching, runner.cache.copy_block
+        )
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.stats = EngineStats()

@@ -7,6 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from shared.engine.kv_manager import KVCacheManager
+from shared.engine.partial_blocks import PartialHit
 from shared.engine.sequence import Sequence, SequenceStatus
 from shared.kv.pool import KVBlock
 
@@ -100,14 +101,17 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             cached: list[KVBlock] = []
+            partial: PartialHit | None = None
             if seq.num_computed_tokens == 0:
                 cached = self.kv.find_cached_prefix(seq)
-            num_computed = seq.num_computed_tokens + len(cached) * self.kv.block_size
+                partial = self.kv.find_partial_block(seq, len(cached))
+            reused = len(cached) * self.kv.block_size + (partial.num_tokens if partial else 0)
+            num_computed = seq.num_computed_tokens + reused
             num_new = min(seq.num_tokens - num_computed, budget)
-            if not self.kv.allocate(seq, num_new + len(cached) * self.kv.block_size, cached):
+            if not self.kv.allocate(seq, num_new + reused, cached, partial):
                 break
             if seq.num_cached_tokens < 0:
-                seq.num_cached_tokens = len(cached) * self.kv.block_size
+                seq.num_cached_tokens = reused
             seq.num_computed_tokens = num_computed
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING

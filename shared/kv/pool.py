@@ -33,6 +33,9 @@ class KVBlock:
     quota_key: bytes = b""
     # A lower tier (tierd) holds a copy: evicting it here loses nothing.
     sunk: bool = False
+    # Counts the times the pool handed the slot out: whoever remembers what an unreferenced
+    # slot holds (``KVCacheManager``'s partial blocks) can tell it was overwritten since.
+    generation: int = 0
     # The links point at neighbours; keeping them out of repr avoids printing the whole queue.
     prev_free: KVBlock | None = field(default=None, repr=False)
     next_free: KVBlock | None = field(default=None, repr=False)
@@ -112,8 +115,9 @@ class BlockPool:
     stored/evicted events not yet drained.
 
     Invariants: a block is in the free queue iff ``ref_cnt == 0``; a block with a hash is in the
-    hash map under that hash; a hash maps to at most one block; ``num_unsunk`` counts the
-    cached blocks whose ``sunk`` is False.
+    hash map under that hash, and under its ``parent_hash`` among the children when it has
+    one; a hash maps to at most one block; ``num_unsunk`` counts the cached blocks whose
+    ``sunk`` is False.
     """
 
     def __init__(self, num_blocks: int) -> None:
@@ -124,6 +128,8 @@ class BlockPool:
         # Callers may iterate it; only the pool mutates it.
         self.free_queue = FreeBlockQueue(self.blocks)
         self._cached: dict[BlockHash, KVBlock] = {}
+        # Cached blocks by the hash of the block before them in their chain (where known).
+        self._children: dict[BlockHash, list[KVBlock]] = {}
         # Dicts as ordered sets: a hash stored and evicted within one drain window nets out.
         self._stored: dict[BlockHash, None] = {}
         self._evicted: dict[BlockHash, None] = {}
@@ -148,6 +154,10 @@ class BlockPool:
         """The block cached under ``block_hash``, referenced or not; None on a miss."""
         return self._cached.get(block_hash)
 
+    def cached_children(self, parent_hash: BlockHash) -> list[KVBlock]:
+        """The cached blocks that follow ``parent_hash`` in their chains (read only)."""
+        return self._children.get(parent_hash, [])
+
     def allocate(self, num: int) -> list[KVBlock] | None:
         """Takes ``num`` blocks from the head of the free queue, each with ``ref_cnt == 1``.
 
@@ -164,6 +174,7 @@ class BlockPool:
             if block.block_hash is not None:
                 self._evict(block)
             block.ref_cnt = 1
+            block.generation += 1
             taken.append(block)
         return taken
 
@@ -234,6 +245,8 @@ class BlockPool:
         block.sunk = sunk
         self.num_unsunk += not sunk
         self._cached[block_hash] = block
+        if parent_hash is not None:
+            self._children.setdefault(parent_hash, []).append(block)
         self._evicted.pop(block_hash, None)
         self._stored[block_hash] = None
         return True
@@ -242,6 +255,11 @@ class BlockPool:
         block_hash = block.block_hash
         assert block_hash is not None
         del self._cached[block_hash]
+        if block.parent_hash is not None:
+            siblings = self._children[block.parent_hash]
+            siblings.remove(block)
+            if not siblings:
+                del self._children[block.parent_hash]
         block.block_hash = None
         block.parent_hash = None
         block.token_ids = ()

@@ -70,6 +70,10 @@ class PagedKVCache:
         """The contiguous storage of one block (a view; writes go to the cache)."""
         return self.tensor[block_id]
 
+    def copy_block(self, src: int, dst: int) -> None:
+        """Copies every layer's K and V of block ``src`` into block ``dst``."""
+        self.tensor[dst].copy_(self.tensor[src])
+
     def block_buffer(self, block_id: int) -> np.ndarray:
         """A writable uint8 numpy view of one block's bytes (CPU caches only), so transfers
         send from and receive into the pool without a copy."""

@@ -315,7 +315,9 @@ def test_tenants_do_not_share_cached_blocks(stack: Stack, model_name: str) -> No
         details = reply.usage.prompt_tokens_details
         return details.cached_tokens or 0 if details is not None else 0
 
-    assert cached(ALICE_KEY) == 0
+    # A fresh prompt may reuse a few tokens of the chat template that the tenant's earlier
+    # chats began with (never a whole block of 32: the document comes right after).
+    assert cached(ALICE_KEY) < 32
     assert cached(ALICE_KEY) > 500  # the same tenant reuses its prompt
-    assert cached(BOB_KEY) == 0  # another tenant does not see it
+    assert cached(BOB_KEY) < 32  # another tenant does not see it
     assert cached(BOB_KEY) > 500

@@ -50,21 +50,28 @@ def test_prefix_reuse_computes_only_the_suffix(make_engine: EngineFactory) -> No
     engine.generate([shared_prefix], GREEDY)
     before = engine.stats.prompt_tokens_computed
     out = engine.generate([shared_prefix + suffix], GREEDY)[0]
-    cached = (len(shared_prefix) // 4) * 4  # only full blocks are reused
-    assert out.num_cached_tokens == cached == 28
-    assert engine.stats.prompt_tokens_computed - before == len(shared_prefix + suffix) - cached
+    # 7 full blocks of 4, and the first 2 tokens of the block the first request went on
+    # generating into (copied: it is cached as the first request's).
+    assert out.num_cached_tokens == len(shared_prefix) == 30
+    assert engine.stats.prompt_tokens_computed - before == len(suffix)
     assert out.output_token_ids == run_alone(make_engine, shared_prefix + suffix)
 
 
-def test_a_fully_cached_prompt_still_computes_its_last_block(make_engine: EngineFactory) -> None:
+def test_a_prompt_asked_again_computes_only_its_last_token(make_engine: EngineFactory) -> None:
     engine = make_engine()
     prompt = prompts(1, 32, 32, seed=4)[0]
     first = engine.generate([prompt], GREEDY)[0]
     before = engine.stats.prompt_tokens_computed
     second = engine.generate([prompt], GREEDY)[0]
-    assert second.num_cached_tokens == 28  # the block holding the last token is recomputed
-    assert engine.stats.prompt_tokens_computed - before == 4
+    # 7 full blocks, and 3 tokens of the 8th copied: its last token's logits are needed.
+    assert second.num_cached_tokens == 31
+    assert engine.stats.prompt_tokens_computed - before == 1
     assert second.output_token_ids == first.output_token_ids
+    # Without the copy the whole 8th block is computed again.
+    plain = make_engine()
+    plain.kv.copy_block = None
+    plain.generate([prompt], GREEDY)
+    assert plain.generate([prompt], GREEDY)[0].num_cached_tokens == 28
 
 
 def test_generated_tokens_are_cached_for_the_next_turn(make_engine: EngineFactory) -> None:
@@ -75,8 +82,10 @@ def test_generated_tokens_are_cached_for_the_next_turn(make_engine: EngineFactor
     ]
     next_turn = prompt + out.output_token_ids + [7, 8, 9]
     again = engine.generate([next_turn], GREEDY)[0]
-    # prompt + 19 computed outputs = 29 tokens in cache, so 7 full blocks of 4.
-    assert again.num_cached_tokens == 28
+    # prompt + 19 computed outputs = 29 tokens in cache: 7 full blocks of 4, and the first
+    # token of the partial block the first request ended in (taken back, not copied).
+    assert again.num_cached_tokens == 29
+    assert again.output_token_ids == run_alone(make_engine, next_turn)
 
 
 def test_preemption_recomputes_and_changes_nothing(make_engine: EngineFactory) -> None:

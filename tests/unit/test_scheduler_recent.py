@@ -1,0 +1,40 @@
+"""Recent placements stand in for the catalogue until it has caught up."""
+
+from __future__ import annotations
+
+from services.scheduler.recent import RecentPlacements, merge
+from shared.rpc.types import PrefixHolder
+
+H = [bytes([i]) * 16 for i in range(6)]
+
+
+def test_a_placed_prompt_is_held_where_it_was_placed_until_its_record_expires() -> None:
+    recent = RecentPlacements(ttl_s=3.0)
+    recent.record(H[:4], "decode-0", now=10.0)
+    assert recent.holders(H, now=11.0) == [PrefixHolder("decode-0", "dram", 4)]
+    assert recent.holders([H[4], *H[:4]], now=11.0) == []  # a run starts at the first block
+    assert recent.holders(H, now=13.0) == []
+    assert len(recent) == 0
+
+
+def test_each_node_gets_its_own_leading_run_and_a_new_record_extends_the_old() -> None:
+    recent = RecentPlacements(ttl_s=3.0)
+    recent.record(H[:2], "prefill-0", now=10.0)
+    recent.record(H[:5], "prefill-1", now=11.0)
+    recent.record(H[:2], "prefill-0", now=12.5)  # placed again: held until 15.5
+    assert recent.holders(H, now=12.0) == [
+        PrefixHolder("prefill-0", "dram", 2),
+        PrefixHolder("prefill-1", "dram", 5),
+    ]
+    assert recent.holders(H, now=14.5) == [PrefixHolder("prefill-0", "dram", 2)]
+
+
+def test_merging_keeps_the_longer_run_of_each_pool_and_every_other_holder() -> None:
+    listed = [PrefixHolder("prefill-0", "dram", 3), PrefixHolder("tierd", "s3", 6)]
+    recent = [PrefixHolder("prefill-0", "dram", 5), PrefixHolder("decode-0", "dram", 2)]
+    assert merge(listed, recent) == [
+        PrefixHolder("prefill-0", "dram", 5),
+        PrefixHolder("tierd", "s3", 6),
+        PrefixHolder("decode-0", "dram", 2),
+    ]
+    assert merge(listed, []) == listed

@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 DRAIN_LINGER_S = 2.0
 #: Hand-off timings kept between heartbeats (the scheduler fits its hand-off model to them).
 MAX_HANDOFF_SAMPLES = 64
+#: A node sends a heartbeat as soon as sequences end, at most once in this long: schedulers
+#: then never price it as decoding what it finished (local prefill, decode ranking).
+FINISHED_BEAT_GAP_S = 0.05
 
 
 class DecodeRole:
@@ -51,6 +54,7 @@ class DecodeRole:
         self.handoff_samples: deque[tuple[int, float]] = deque(maxlen=MAX_HANDOFF_SAMPLES)
         self._work = Background()
         self._admitting = asyncio.Lock()
+        self._finished_beat_at = 0.0
 
     async def on_handoff(self, handoff: KVHandoff) -> TaskAck:
         node, req = self.node, handoff.request
@@ -174,8 +178,22 @@ class DecodeRole:
             await node.send(chunk)
             if timer is not None:
                 timer.sent(time.monotonic() - sending)
-        if any(out.finished for out in outputs) and self.waiting:
-            await self.admit_waiting()
+        if any(out.finished for out in outputs):
+            self._beat_soon()
+            if self.waiting:
+                await self.admit_waiting()
+
+    def _beat_soon(self) -> None:
+        now = time.monotonic()
+        if now - self._finished_beat_at >= FINISHED_BEAT_GAP_S:
+            self._finished_beat_at = now
+            self._work.spawn(self._beat())
+
+    async def _beat(self) -> None:
+        try:
+            await self.node.beat_now()
+        except Exception as exc:  # the regular heartbeat follows anyway
+            log.debug("an extra heartbeat failed: %s", exc)
 
     async def on_abort(self, request_id: str) -> None:
         if self.local is not None:

@@ -24,7 +24,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, NodeLoad
-from services.scheduler.forecast import DecodeForecast
+from services.scheduler.forecast import DecodeForecast, forecast
 from services.scheduler.handoff import HandoffCoefficients, handoff_prior
 from services.scheduler.pricing import PlacementRequest, PrefillCost, Pricing
 from services.scheduler.sources import CommonPrefix
@@ -110,7 +110,8 @@ def choose_local(
         step = node.max_num_batched_tokens or view.costs.max_num_batched_tokens
         cost = pricing.cost_on(node, pricing.model_of(coef, step, node.block_size))
         pause = pause_seconds(coef, request.num_prompt_tokens, cost.cached_tokens, step)
-        local = LocalPrefill(cost, pause, decoding(view, node, now + cost.ttft_s), f.tbt_s)
+        running = decoding(view, node, request, now, now + cost.ttft_s)
+        local = LocalPrefill(cost, pause, running, f.tbt_s)
         if best is None or local.total_s < best[0].total_s:
             best = (local, f)
     target = view.nodes.get(ranked[0].node_id)
@@ -123,11 +124,16 @@ def choose_local(
     return best if prefer_local(best[0], disaggregated, tbt_slo_s) else None
 
 
-def decoding(view: ClusterView, node: NodeLoad, until: float) -> int:
-    """The sequences decode node ``node`` runs while a prompt computed there until ``until``
-    pauses them: those its last heartbeat counted, and those placed on it since that are due
-    by then. None is taken as finished early: the pause starts now."""
-    return node.running_seqs + view.arriving_by(node.node_id, until)[0]
+def decoding(
+    view: ClusterView, node: NodeLoad, request: PlacementRequest, now: float, until: float
+) -> int:
+    """The other sequences decode node ``node`` runs while a prompt computed there from now
+    until ``until`` pauses them: those it runs now (its last heartbeat's, less those predicted
+    done since, plus those placed on it and due by now: ``forecast``), and those due by
+    ``until``. None is taken as finishing during the pause."""
+    now_running = forecast(node, view, request, now).seqs - 1
+    later = view.arriving_by(node.node_id, until)[0] - view.arriving_by(node.node_id, now)[0]
+    return max(now_running, 0) + later
 
 
 def pause_seconds(

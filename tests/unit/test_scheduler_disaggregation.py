@@ -124,3 +124,17 @@ def test_nothing_is_prefilled_locally_unless_both_sides_take_part() -> None:
     view.update(node("d", "decode", free_blocks=1, local_prefill=True))
     assert not isinstance(place(ask, view, [], NOW, local_prefill=True), Rejection)
     assert not placed(place(ask, view, [], NOW, local_prefill=True)).local
+
+
+def test_a_sequence_predicted_done_since_the_heartbeat_pauses_nobody() -> None:
+    view = cluster(1)
+    tokens = 4000
+    assert not decide(view, tokens).local  # one sequence decoding: a hand-off is cheaper
+    # The same node a second after a heartbeat that had its one sequence a token from its end.
+    view.update(
+        node(
+            "d", "decode", running_seqs=1, free_blocks=1000, local_prefill=True,
+            finishing=((1, 100),), last_seen=NOW - 1.0,
+        )
+    )  # fmt: skip
+    assert decide(view, tokens).local

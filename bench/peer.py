@@ -12,12 +12,20 @@ llama-server is not part of Crescent and is never committed; build it from the
     .venv/bin/python bench/peer.py --llama-server /path/to/llama-server --out docs/bench/peer \\
         -- --dataset multiturn --num-requests 60 --request-rate 0.5 --slo-ttft-ms 2000
 
-Everything after ``--`` goes to ``crescent bench`` as it is.
+Everything after ``--`` goes to ``crescent bench`` as it is. With ``--concurrency 1 4 16`` the
+same workload runs once per concurrency (``<out>/c<N>/``), against the same two servers, and a
+table of every level's figures and ratios is printed at the end; ``--no-cache-off`` leaves
+the salted Crescent target out.
+
+    .venv/bin/python bench/peer.py --llama-server /path/to/llama-server --out runs/sweep \
+        --concurrency 1 4 16 --no-cache-off -- --dataset random --input-len 512 \
+        --output-len 64 --ignore-eos --num-requests 16 --rounds 1
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
 import subprocess
@@ -75,12 +83,41 @@ def start_llama(
     raise SystemExit(f"llama-server was not ready in {READY_TIMEOUT_S:.0f} s; see {log}")
 
 
-def bench_argv(out: Path, crescent: str, llama: str, extra: Sequence[str]) -> list[str]:
+def bench_argv(
+    out: Path, crescent: str, llama: str, extra: Sequence[str], cache_off: bool = True
+) -> list[str]:
     argv = [sys.executable, "-m", "crescent", "bench", "--compare", "--out", str(out)]
     argv += ["--target", f"crescent={crescent}"]
-    argv += ["--target", f"crescent-no-cache={crescent},cache=off"]
+    if cache_off:
+        argv += ["--target", f"crescent-no-cache={crescent},cache=off"]
     argv += ["--target", f"llama-server={llama}"]
     return argv + list(extra)
+
+
+#: The figures of the concurrency table: (summary key, label).
+SWEEP_FIGURES = (
+    ("request_throughput", "req/s"),
+    ("output_throughput", "output tok/s"),
+    ("ttft_p50_ms", "TTFT p50 ms"),
+    ("itl_p50_ms", "ITL p50 ms"),
+    ("itl_mean_ms", "ITL mean ms"),
+    ("e2e_mean_ms", "e2e mean ms"),
+)
+
+
+def sweep_table(out: Path, levels: Sequence[int]) -> str:
+    """One row per concurrency and figure: Crescent, llama-server and their ratio, from each
+    level's ``comparison.json``."""
+    lines = ["| concurrency | figure | Crescent | llama-server | Crescent / llama-server |"]
+    lines.append("|---:|---|---:|---:|---:|")
+    for level in levels:
+        summaries = json.loads((out / f"c{level}" / "comparison.json").read_text())["summaries"]
+        ours, peer = summaries["crescent"], summaries["llama-server"]
+        for key, label in SWEEP_FIGURES:
+            a, b = ours[key], peer[key]
+            ratio = f"{a / b:.2f}×" if b else "n/a"
+            lines.append(f"| {level} | {label} | {a:.2f} | {b:.2f} | {ratio} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -92,6 +129,12 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=4, help="llama-server's parallel slots")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--out", type=Path, default=Path("runs/peer"))
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[], help="run once per level (a sweep)"
+    )
+    parser.add_argument(
+        "--no-cache-off", action="store_true", help="leave out the salted Crescent target"
+    )
     parser.add_argument("bench", nargs=argparse.REMAINDER, help="-- then crescent bench options")
     args = parser.parse_args()
     extra = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
@@ -105,8 +148,22 @@ def main() -> int:
             args.llama_server, gguf, llama_port, work / "llama-server.log", args.slots, args.threads
         )
         print(f"crescent at {stack.base_url}, llama-server at :{llama_port} on {gguf.name}")
-        argv = bench_argv(args.out, stack.base_url, f"http://127.0.0.1:{llama_port}/v1", extra)
-        return subprocess.call(argv)
+        llama_url = f"http://127.0.0.1:{llama_port}/v1"
+        cache_off = not args.no_cache_off
+        if not args.concurrency:
+            return subprocess.call(
+                bench_argv(args.out, stack.base_url, llama_url, extra, cache_off)
+            )
+        for level in args.concurrency:
+            out = args.out / f"c{level}"
+            argv = bench_argv(out, stack.base_url, llama_url, extra, cache_off)
+            status = subprocess.call([*argv, "--concurrency", str(level)])
+            if status != 0:
+                return status
+        table = sweep_table(args.out, args.concurrency)
+        (args.out / "sweep.md").write_text(table + "\n")
+        print(table)
+        return 0
     except BaseException:
         print(collect_logs(stack.data_dir), file=sys.stderr)
         raise

@@ -30,6 +30,10 @@ pytestmark = [
     pytest.mark.skipif(not postgres.reachable(), reason="no Postgres on 127.0.0.1:5432"),
 ]
 
+#: A prompt no node computed before can still reuse the first tokens the tenant's earlier
+#: prompts began with (the engine reuses part of a block), never a whole block.
+BLOCK = 32
+
 
 @dataclass
 class GlobalStack:
@@ -129,7 +133,7 @@ def test_a_long_prompt_asked_again_comes_from_the_cache(gstack: GlobalStack) -> 
     prompt = document("rivers", 110)
     known = num_replicas(gstack)
     cold = ask(client, prompt)
-    assert cold.prompt_tokens > 1500 and cold.cached_tokens == 0
+    assert cold.prompt_tokens > 1500 and cold.cached_tokens < BLOCK
     wait_catalogued(gstack, known + cold.prompt_tokens // 32)
     warm = ask(client, prompt)
     assert warm.text == cold.text
@@ -167,7 +171,7 @@ def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStac
     assert pulled.cached_tokens >= pulled.prompt_tokens - 64
     assert extension.cached_tokens >= warm.prompt_tokens - 64
     reference = ask(gstack.client(BOB_KEY), question)  # another tenant: computed cold
-    assert reference.cached_tokens == 0 and reference.text == pulled.text
+    assert reference.cached_tokens < BLOCK and reference.text == pulled.text
 
 
 def test_the_next_turn_pulls_the_reply_from_the_decode_node(gstack: GlobalStack) -> None:
@@ -190,7 +194,7 @@ def test_the_next_turn_pulls_the_reply_from_the_decode_node(gstack: GlobalStack)
     # At least two blocks of the reply came from the decode node's cache.
     assert second.cached_tokens >= (p // 32 + 2) * 32, (first, second)
     reference = ask(gstack.client(BOB_KEY), second_prompt)  # another tenant: computed cold
-    assert reference.cached_tokens == 0 and reference.text == second.text
+    assert reference.cached_tokens < BLOCK and reference.text == second.text
 
 
 def test_cachemeta_restart_and_database_outage_fail_no_request(gstack: GlobalStack) -> None:
@@ -223,6 +227,6 @@ def test_cachemeta_restart_and_database_outage_fail_no_request(gstack: GlobalSta
 def test_tenants_never_share_the_global_cache(gstack: GlobalStack) -> None:
     prompt = document("islands", 60)
     alice, bob = gstack.client(ALICE_KEY), gstack.client(BOB_KEY)
-    assert ask(alice, prompt).cached_tokens == 0
+    assert ask(alice, prompt).cached_tokens < BLOCK
     assert ask(alice, prompt).cached_tokens > 500
-    assert ask(bob, prompt).cached_tokens == 0
+    assert ask(bob, prompt).cached_tokens < BLOCK

@@ -23,11 +23,15 @@ def test_reused_prefix_gives_the_cold_tokens_and_computes_only_the_suffix(
     assert cold.num_cached_tokens == 0
 
     engine = make_real_engine()
-    engine.generate([document + tokenizer.encode("\nSummary:")], GREEDY)
+    earlier = document + tokenizer.encode("\nSummary:")
+    engine.generate([earlier], GREEDY)
     computed_before = engine.stats.prompt_tokens_computed
     warm = engine.generate([prompt], GREEDY)[0]
 
-    reused = (len(document) // 32) * 32
+    # Every token the two prompts share is reused: whole blocks, then the shared part of the
+    # block where they part (copied from the earlier request's).
+    reused = next(i for i, (a, b) in enumerate(zip(earlier, prompt, strict=False)) if a != b)
+    assert reused >= len(document) and reused % 32 != 0
     assert warm.num_cached_tokens == reused > 500
     assert engine.stats.prompt_tokens_computed - computed_before == len(prompt) - reused
     assert warm.output_token_ids == cold.output_token_ids

@@ -59,10 +59,9 @@ class DecodeRole:
     async def on_handoff(self, handoff: KVHandoff) -> TaskAck:
         node, req = self.node, handoff.request
         rid = req.request_id
-        answer, params = node.screen(req, len(self.waiting), "decode queue")
-        if params is None:
-            assert answer is not None
-            return answer
+        params = node.screen(req, len(self.waiting), "decode queue")
+        if isinstance(params, TaskAck):
+            return params
         holding = node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         # The first token is this node's output too, so a replay can start from it.
         node.ledger.record(

@@ -46,36 +46,36 @@ class LocalPrefills:
     async def on_task(self, task: PrefillTask) -> TaskAck:
         node, req = self.node, task.request
         rid = req.request_id
-        answer, params = node.screen(req, len(self.pending), "decode node's prefill queue")
-        if params is None:
-            assert answer is not None
-            return answer
+        params = node.screen(req, len(self.pending), "decode node's prefill queue")
+        if isinstance(params, TaskAck):
+            return params
         node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         self.pending[rid] = _Arrival(task, time.monotonic(), FetchedPrefix())
         self._work.spawn(self._start(task, params))
         return node.ack(True)
 
     async def _start(self, task: PrefillTask, params: SamplingParams) -> None:
-        """Pulls the planned prefix, then admits the request in the same engine call that
-        caches the pulled blocks (as a prefill node does), with its whole ``max_tokens``."""
+        """Pulls the planned prefix and admits the request with its whole ``max_tokens``
+        (``PrefixFetcher.admit``, as a prefill node does)."""
         req, node = task.request, self.node
         rid = req.request_id
-        prompt, salt = list(req.prompt_token_ids), request_salt(node.settings.cache_secret, req)
-        fetched = FetchedPrefix()
-        if task.pulls:
-            fetched = await self.fetcher.fetch(prompt, salt, task.pulls)
-        arrival = self.pending.get(rid)
-        if arrival is None:  # aborted while its blocks were pulled
-            await node.host.cache_imports(fetched.imports)
-            return
-        arrival.fetched = fetched
+        salt = request_salt(node.settings.cache_secret, req)
+
+        def keep(fetched: FetchedPrefix) -> bool:
+            arrival = self.pending.get(rid)
+            if arrival is None:  # aborted while its blocks were pulled
+                return False
+            arrival.fetched = fetched
+            return True
+
+        prompt = list(req.prompt_token_ids)
         try:
-            await node.host.add(rid, prompt, params, salt, imports=fetched.imports)
+            admitted = await self.fetcher.admit(rid, prompt, params, salt, task.pulls, keep)
         except InvalidRequestError as exc:
             self.pending.pop(rid, None)
             await node.fail(rid, str(exc), 400)
             return
-        holding = node.ledger.active(rid)
+        holding = node.ledger.active(rid) if admitted else None
         if holding is not None:
             holding.stage = Stage.RUNNING
 

@@ -51,10 +51,9 @@ class PrefillRole:
     async def on_task(self, task: PrefillTask) -> TaskAck:
         node, req = self.node, task.request
         rid = req.request_id
-        answer, params = node.screen(req, len(self.tasks), "prefill queue")
-        if params is None:
-            assert answer is not None
-            return answer
+        params = node.screen(req, len(self.tasks), "prefill queue")
+        if isinstance(params, TaskAck):
+            return params
         node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
         self.tasks[rid] = task
         self.arrived[rid] = time.monotonic()
@@ -62,28 +61,29 @@ class PrefillRole:
         return self.node.ack(True)
 
     async def _start(self, task: PrefillTask, params: SamplingParams) -> None:
-        """Pulls the planned prefix, then admits the request in the same engine call that
-        caches the pulled blocks, so they are claimed before anything can evict them."""
+        """Pulls the planned prefix and admits the request for its first token, holding its
+        blocks for the hand-off (``PrefixFetcher.admit``)."""
         req, node = task.request, self.node
         rid = req.request_id
-        prompt, salt = list(req.prompt_token_ids), request_salt(node.settings.cache_secret, req)
-        fetched = FetchedPrefix()
-        if task.pulls:
-            fetched = await self.fetcher.fetch(prompt, salt, task.pulls)
-        if rid not in self.tasks:  # aborted while its blocks were pulled
-            await node.host.cache_imports(fetched.imports)
-            return
-        self.fetched[rid] = fetched
+        salt = request_salt(node.settings.cache_secret, req)
+
+        def keep(fetched: FetchedPrefix) -> bool:
+            if rid not in self.tasks:  # aborted while its blocks were pulled
+                return False
+            self.fetched[rid] = fetched
+            return True
+
         first_only = dataclasses.replace(params, max_tokens=1)
+        prompt = list(req.prompt_token_ids)
         try:
-            await node.host.add(
-                rid, prompt, first_only, salt, hold_blocks=True, imports=fetched.imports
+            admitted = await self.fetcher.admit(
+                rid, prompt, first_only, salt, task.pulls, keep, hold_blocks=True
             )
         except InvalidRequestError as exc:
             await self.on_abort(rid)
             await node.fail(rid, str(exc), 400)
             return
-        holding = node.ledger.active(rid)
+        holding = node.ledger.active(rid) if admitted else None
         if holding is not None:
             holding.stage = Stage.RUNNING
 

@@ -8,6 +8,7 @@ fit over many nodes adds their sums.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -45,6 +46,34 @@ class Moments:
             for j in range(NUM_FEATURES):
                 self.xx[i][j] += other.xx[i][j]
         self.yy += other.yy
+
+
+class SlidingMoments:
+    """Owns the last ``size`` samples (features and value) and ``moments``, their sums.
+    Invariant: ``moments`` are the sums over ``samples``, rebuilt from them every ``size``
+    additions so rounding cannot drift."""
+
+    def __init__(self, size: int) -> None:
+        self.samples: deque[tuple[Sequence[float], float]] = deque(maxlen=max(size, 1))
+        self.moments = Moments()
+        self._since_rebuild = 0
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def add(self, x: Sequence[float], y: float) -> None:
+        size = self.samples.maxlen or 1
+        if len(self.samples) == size:
+            old_x, old_y = self.samples[0]
+            self.moments.add(old_x, old_y, sign=-1)
+        self.samples.append((x, y))
+        self.moments.add(x, y)
+        self._since_rebuild += 1
+        if self._since_rebuild >= size:
+            self.moments = Moments()
+            for sample_x, sample_y in self.samples:
+                self.moments.add(sample_x, sample_y)
+            self._since_rebuild = 0
 
 
 def fit(moments: Moments, prior: Sequence[float], prior_weight: float) -> list[float]:

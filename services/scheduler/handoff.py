@@ -10,11 +10,10 @@ first (the prefill node sends that), and it is what prefilling on the decode nod
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from services.scheduler.fit import Moments, fit
+from services.scheduler.fit import SlidingMoments, fit
 
 #: The prior's weight in the fit (as in ``timing.py``): it settles what few samples leave open
 #: (all of one size, say) without biasing a fit that the samples determine.
@@ -44,36 +43,23 @@ class HandoffTimes:
     """Owns the last ``window`` hand-off samples of the cluster (pooled over decode nodes: the
     cost is the transfer layer's and the prefill nodes', not one decode node's) and their sums.
 
-    Invariant: ``moments`` are the sums over ``samples``, rebuilt from them every ``window``
-    additions so rounding cannot drift; invalid samples (negative or non-finite) are dropped.
+    Invalid samples (negative or non-finite) are dropped.
     """
 
     def __init__(self, window: int = 256) -> None:
-        self.samples: deque[tuple[int, float]] = deque(maxlen=window)
-        self.moments = Moments()
-        self._since_rebuild = 0
+        self.sums = SlidingMoments(window)
 
     def add(self, samples: Iterable[tuple[int, float]]) -> None:
         for blocks, seconds in samples:
-            if blocks < 0 or not 0.0 <= seconds < float("inf"):
-                continue
-            if len(self.samples) == self.samples.maxlen:
-                old = self.samples[0]
-                self.moments.add(_features(old[0]), old[1], sign=-1)
-            self.samples.append((blocks, seconds))
-            self.moments.add(_features(blocks), seconds)
-            self._since_rebuild += 1
-        if self._since_rebuild >= (self.samples.maxlen or 1):
-            self.moments = Moments()
-            for blocks, seconds in self.samples:
-                self.moments.add(_features(blocks), seconds)
-            self._since_rebuild = 0
+            if blocks >= 0 and 0.0 <= seconds < float("inf"):
+                self.sums.add(_features(blocks), seconds)
 
     def coefficients(self, prior: HandoffCoefficients) -> HandoffCoefficients:
         """The non-negative least-squares fit of the samples, pulled towards ``prior``."""
-        if self.moments.count <= 0:
+        moments = self.sums.moments
+        if moments.count <= 0:
             return prior
-        base, per_block, _ = fit(self.moments, (prior.base_s, prior.per_block_s, 0.0), PRIOR_WEIGHT)
+        base, per_block, _ = fit(moments, (prior.base_s, prior.per_block_s, 0.0), PRIOR_WEIGHT)
         return HandoffCoefficients(base, per_block)
 
 

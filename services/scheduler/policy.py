@@ -76,7 +76,11 @@ class Placement:
     predicted_tbt_s: float = 0.0
     placed_at: float = 0.0
     predicted_wait_s: float = 0.0
-    local: bool = False
+
+    @property
+    def local(self) -> bool:
+        # A prefill node is never a decode node: the two coincide only for a local prefill.
+        return self.decode_nodes == [self.prefill_node]
 
     @property
     def decode_node(self) -> str:
@@ -258,7 +262,6 @@ def _local(
         predicted_tbt_s=forecast.tbt_s,
         placed_at=now,
         predicted_wait_s=cost.wait_s,
-        local=True,
     )
 
 

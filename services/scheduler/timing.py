@@ -16,11 +16,10 @@ sensible answers. Pure: no I/O, no framework; the simulator imports it.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.scheduler.fit import Moments, fit
+from services.scheduler.fit import Moments, SlidingMoments, fit
 from shared.cluster_messages import StepSample
 
 
@@ -83,29 +82,19 @@ def _coefficients(moments: Moments, prior: StepCoefficients, weight: float) -> S
 
 
 class _Window:
-    """A node's last ``size`` samples and their running sums. Invariant: ``moments`` are the
-    sums over ``samples`` (rebuilt from them every ``size`` additions, so rounding cannot drift)."""
+    """A node's role and its last samples' running sums (``SlidingMoments``)."""
 
     def __init__(self, role: str, size: int) -> None:
         self.role = role
-        self.samples: deque[StepSample] = deque(maxlen=size)
-        self.moments = Moments()
-        self._since_rebuild = 0
+        self.sums = SlidingMoments(size)
+
+    @property
+    def moments(self) -> Moments:
+        return self.sums.moments
 
     def extend(self, samples: Iterable[StepSample]) -> None:
-        size = self.samples.maxlen or 1
         for sample in samples:
-            if len(self.samples) == size:
-                old = self.samples[0]
-                self.moments.add(features(old), old.seconds, sign=-1)
-            self.samples.append(sample)
-            self.moments.add(features(sample), sample.seconds)
-            self._since_rebuild += 1
-        if self._since_rebuild >= size:
-            self.moments = Moments()
-            for sample in self.samples:
-                self.moments.add(features(sample), sample.seconds)
-            self._since_rebuild = 0
+            self.sums.add(features(sample), sample.seconds)
 
 
 class StepTimes:
@@ -174,7 +163,7 @@ class StepTimes:
 
     def num_samples(self, node_id: str) -> int:
         window = self._windows.get(node_id)
-        return 0 if window is None else len(window.samples)
+        return 0 if window is None else len(window.sums)
 
     def coefficients(self, node_id: str, role: str) -> StepCoefficients:
         """The node's own fit once it has ``min_samples``, else its role's pooled one."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shared import subjects
@@ -26,6 +26,7 @@ from shared.kv.tiers import DRAM, LOWER_TIERS, NVME, S3, bandwidth_key
 from shared.node.direct import DirectReader
 from shared.node.engine_host import EngineHost
 from shared.node.puller import BlockPuller, PullSource
+from shared.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,31 @@ class PrefixFetcher:
         if tier == DRAM:
             return self.pin_timeout_s
         return self.pin_timeout_s + LOWER_TIER_PIN_S_PER_BLOCK * num_blocks
+
+    async def admit(
+        self,
+        request_id: str,
+        prompt: list[int],
+        params: SamplingParams,
+        salt: bytes,
+        plans: list[PullPlan],
+        keep: Callable[[FetchedPrefix], bool],
+        *,
+        hold_blocks: bool = False,
+    ) -> bool:
+        """Pulls the planned prefix, then admits the request in the same engine call that
+        caches the pulled blocks, so they are claimed before anything can evict them.
+        ``keep`` records what was pulled and says whether the request is still wanted; when
+        it is not (aborted meanwhile), the blocks are cached without it and this returns
+        False. Raises ``InvalidRequestError`` if the engine can never serve the request."""
+        fetched = await self.fetch(prompt, salt, plans) if plans else FetchedPrefix()
+        if not keep(fetched):
+            await self.engine.cache_imports(fetched.imports)
+            return False
+        await self.engine.add(
+            request_id, prompt, params, salt, hold_blocks=hold_blocks, imports=fetched.imports
+        )
+        return True
 
     async def fetch(self, prompt: list[int], salt: bytes, plans: list[PullPlan]) -> FetchedPrefix:
         started = time.monotonic()

@@ -201,23 +201,23 @@ class NodeRuntime:
 
     def screen(
         self, request: GenerateRequest, waiting: int, queue: str
-    ) -> tuple[TaskAck | None, SamplingParams | None]:
+    ) -> TaskAck | SamplingParams:
         """The checks every task a node is offered passes first: the node takes work, the
         sampling is valid, the request is not already here, ``waiting`` is under the node's
-        limit. Returns ``(answer, None)`` when one settles the offer (an ack of a repeated one
-        whose first ack was lost, or a refusal naming ``queue``), else ``(None, params)``."""
+        limit. Returns the answer when one settles the offer (an ack of a repeated one whose
+        first ack was lost, or a refusal naming ``queue``), else the request's parameters."""
         refusal = self.refusal()
         if refusal is not None:
-            return self.ack(False, refusal), None
+            return self.ack(False, refusal)
         try:
             params = request.sampling.to_params()
         except InvalidRequestError as exc:
-            return self.ack(False, str(exc), 400), None
+            return self.ack(False, str(exc), 400)
         if self.ledger.active(request.request_id) is not None:
-            return self.ack(True), None
+            return self.ack(True)
         if waiting >= self.settings.max_waiting:
-            return self.ack(False, f"the {queue} is full"), None
-        return None, params
+            return self.ack(False, f"the {queue} is full")
+        return params
 
     def ack(self, accepted: bool, reason: str = "", code: int | None = None) -> TaskAck:
         """The node's answer to a hand-off."""

@@ -9,12 +9,13 @@ fields without a version bump.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, TypeVar
 
 import msgspec
 from msgspec import Meta
 
-from shared.sampling_params import SamplingParams
+from shared.sampling_params import MAX_GRAMMAR_CHARS, SamplingParams
 
 WIRE_VERSION = 2
 
@@ -63,33 +64,30 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
     )
     ignore_eos: bool = False
     output_offset: Annotated[int, Meta(ge=0, le=MAX_PROMPT_TOKENS)] = 0
+    # Rules over what was generated (``shared.model.logits_processing``); a node older than
+    # these fields ignores them.
+    frequency_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
+    presence_penalty: Annotated[float, Meta(ge=-2.0, le=2.0)] = 0.0
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] = 1.0
+    logit_bias: Annotated[
+        list[tuple[TokenId, Annotated[float, Meta(ge=-100.0, le=100.0)]]], Meta(max_length=1024)
+    ] = msgspec.field(default_factory=list)
+    min_tokens: Annotated[int, Meta(ge=0, le=MAX_PROMPT_TOKENS)] = 0
+    grammar: Annotated[str, Meta(max_length=MAX_GRAMMAR_CHARS)] = ""
 
     def to_params(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            logprobs=self.logprobs,
-            stop_token_ids=tuple(self.stop_token_ids),
-            ignore_eos=self.ignore_eos,
-            output_offset=self.output_offset,
-        )
+        values = msgspec.structs.asdict(self)
+        values["stop_token_ids"] = tuple(self.stop_token_ids)
+        values["logit_bias"] = tuple((t, b) for t, b in self.logit_bias)
+        return SamplingParams(**values)
 
     @classmethod
     def from_params(cls, p: SamplingParams) -> SamplingSpec:
-        return cls(
-            max_tokens=p.max_tokens,
-            temperature=p.temperature,
-            top_p=p.top_p,
-            top_k=p.top_k,
-            seed=p.seed,
-            logprobs=p.logprobs,
-            stop_token_ids=list(p.stop_token_ids),
-            ignore_eos=p.ignore_eos,
-            output_offset=p.output_offset,
-        )
+        # The two carry the same fields; only the sequence types differ.
+        values = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
+        values["stop_token_ids"] = list(p.stop_token_ids)
+        values["logit_bias"] = list(p.logit_bias)
+        return cls(**values)
 
 
 class GenerateRequest(WireMessage, kw_only=True):

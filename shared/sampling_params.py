@@ -14,6 +14,14 @@ MIN_TEMPERATURE = 0.01
 MAX_TEMPERATURE = 2.0
 # The wire's bound; any value from the vocabulary size up keeps every token.
 MAX_TOP_K = 1 << 31
+#: OpenAI's range for frequency_penalty, presence_penalty (each) and for a logit_bias value.
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_REPETITION_PENALTY = 10.0
+MAX_STOP_TOKEN_IDS = 1024
+#: Longest grammar text a request may carry (a schema of a few hundred properties fits).
+MAX_GRAMMAR_CHARS = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +32,15 @@ class SamplingParams:
     ``logprobs`` is the number of most likely alternatives to report per token (``None``: no
     logprobs at all; ``0``: only the chosen token's). ``seed`` makes sampling reproducible.
     ``output_offset`` is the position in the whole completion of the first token this sequence
-    generates: non-zero only for a request resumed on another node after its first was lost.
+    generates: non-zero only for a request resumed on another node after its first was lost
+    (whose prompt then ends with the completion's first ``output_offset`` tokens).
+
+    The rules that depend on what was generated (``shared.model.logits_processing``):
+    ``frequency_penalty`` and ``presence_penalty`` (OpenAI's, over the completion's tokens),
+    ``repetition_penalty`` (the multiplicative one of Hugging Face and vLLM, over prompt and
+    completion; 1 disables it), ``logit_bias`` (pairs of token id and the value added to its
+    logit), ``min_tokens`` (no end-of-sequence or stop token before that many tokens) and
+    ``grammar`` (llguidance grammar text every token must follow; "" for none).
     """
 
     max_tokens: int = 16
@@ -36,6 +52,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     output_offset: int = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    grammar: str = ""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -43,6 +65,18 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether any rule depends on the tokens generated so far (or biases the logits)."""
+        return bool(
+            self.frequency_penalty
+            or self.presence_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+            or self.grammar
+        )
 
     def validate(self) -> None:
         _check_int(self.max_tokens, "max_tokens", 1, None, "at least 1")
@@ -63,6 +97,49 @@ class SamplingParams:
         _check_int(self.output_offset, "output_offset", 0, None, "a non-negative integer")
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS, f"0 to {MAX_TOP_LOGPROBS}")
+        self._validate_processing()
+
+    def _validate_processing(self) -> None:
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            _check_float(value, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise InvalidRequestError(
+                    f"{name} must be between -{MAX_PENALTY:g} and {MAX_PENALTY:g}, got {value!r}",
+                    name,
+                )
+        r = self.repetition_penalty
+        _check_float(r, "repetition_penalty")
+        if not 0.0 < r <= MAX_REPETITION_PENALTY:
+            raise InvalidRequestError(
+                f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY:g}], got {r!r}",
+                "repetition_penalty",
+            )
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise InvalidRequestError(
+                f"logit_bias may hold at most {MAX_LOGIT_BIAS_ENTRIES} tokens", "logit_bias"
+            )
+        for token_id, bias in self.logit_bias:
+            _check_int(token_id, "logit_bias", 0, MAX_TOP_K - 1, "keyed by token ids")
+            _check_float(bias, "logit_bias")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise InvalidRequestError(
+                    f"logit_bias values must be between -{MAX_LOGIT_BIAS:g} and "
+                    f"{MAX_LOGIT_BIAS:g}, got {bias!r}",
+                    "logit_bias",
+                )
+        # Not bounded by max_tokens here: a prefill node runs a copy limited to one token.
+        _check_int(self.min_tokens, "min_tokens", 0, MAX_TOP_K, "a non-negative integer")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise InvalidRequestError(
+                f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids", "stop_token_ids"
+            )
+        for token_id in self.stop_token_ids:
+            _check_int(token_id, "stop_token_ids", 0, MAX_TOP_K - 1, "token ids")
+        if not isinstance(self.grammar, str) or len(self.grammar) > MAX_GRAMMAR_CHARS:
+            raise InvalidRequestError(
+                f"grammar must be text of at most {MAX_GRAMMAR_CHARS} characters", "grammar"
+            )
 
 
 def _check_int(value: object, name: str, lo: int, hi: int | None, what: str) -> None:

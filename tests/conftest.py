@@ -16,6 +16,7 @@ from shared.engine.factory import load_model
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout
 from shared.model.files import ModelFiles, default_model_file, resolve_model
+from shared.model.grammar import Grammars
 from shared.model.kv_cache import PagedKVCache
 from shared.model.llama import LlamaForCausalLM, build_model
 from shared.model.loader import load_state_dict
@@ -84,7 +85,16 @@ RealEngineFactory = Callable[..., LLMEngine]
 
 
 @pytest.fixture(scope="session")
-def make_real_engine(model: LlamaForCausalLM, model_files: ModelFiles) -> RealEngineFactory:
+def grammars(tokenizer: Tokenizer, model_files: ModelFiles) -> Grammars:
+    """Grammar compilation for the default model's vocabulary, as nodes build it."""
+    config = model_files.config
+    return Grammars(tokenizer.backend_json(), config.vocab_size, config.eos_token_ids)
+
+
+@pytest.fixture(scope="session")
+def make_real_engine(
+    model: LlamaForCausalLM, model_files: ModelFiles, grammars: Grammars
+) -> RealEngineFactory:
     """A fresh engine (its own empty KV pool and prefix cache) around the shared model."""
 
     def make(*, with_model: LlamaForCausalLM | None = None, **overrides: Any) -> LLMEngine:
@@ -96,6 +106,6 @@ def make_real_engine(model: LlamaForCausalLM, model_files: ModelFiles) -> RealEn
         config = EngineConfig(**(settings | overrides))
         layout = KVLayout.for_model(model_files.config, config.block_size, "float32")
         runner = ModelRunner(with_model or model, PagedKVCache(layout, config.num_kv_blocks))
-        return LLMEngine(runner, config, model_files.config.model_id)
+        return LLMEngine(runner, config, model_files.config.model_id, grammars)
 
     return make

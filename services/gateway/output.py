@@ -117,6 +117,10 @@ class ChoiceAssembler:
             delta.offsets.append(offset)
             self.logprobs.append(logprob)
             self.offsets.append(offset)
+        options = self._options
+        if token_id in options.stop_token_ids and not options.include_stop_str_in_output:
+            self._check_end(delta)  # a stop token ends the choice; its text is not output
+            return
         self._scan(self._detok.push([token_id]), delta)
         self._check_end(delta)
 
@@ -132,7 +136,8 @@ class ChoiceAssembler:
     def _scan(self, piece: str, delta: Delta) -> None:
         """Emits ``piece`` except what may start a stop string; finishes on a full match."""
         text = self._held + piece
-        stops = self._options.stop
+        # Before min_tokens a stop string ends nothing (the engine holds back stop tokens too).
+        stops = self._options.stop if self.next_index >= self._options.min_tokens else ()
         match = min(((text.find(s), s) for s in stops if s in text), default=None)
         if match is not None:
             at, stop = match

@@ -56,15 +56,16 @@ class _Generation(_Strict):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     cache_salt: str | None = None
-    # vLLM's extensions that cost nothing to honour.
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extensions.
     include_stop_str_in_output: bool | None = None
     ignore_eos: bool | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
     # Not supported unless they carry their neutral value.
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    logit_bias: Any = None
-    min_tokens: Any = None
     prompt_cache_key: Any = None
     service_tier: Any = None
     safety_identifier: str | None = None

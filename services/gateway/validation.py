@@ -25,15 +25,7 @@ MAX_JSON_DEPTH = 64
 #: longer ones are refused before Python converts them, which costs quadratic time.
 MAX_INT_DIGITS = 32
 
-_SHARED_UNSUPPORTED = (
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "logit_bias",
-    "min_tokens",
-    "prompt_cache_key",
-    "service_tier",
-)
+_SHARED_UNSUPPORTED = ("prompt_cache_key", "service_tier")
 CHAT_UNSUPPORTED = (
     *_SHARED_UNSUPPORTED,
     "tools",
@@ -60,7 +52,6 @@ _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "response_format": ({"type": "text"},),
     "modalities": (["text"],),
     "service_tier": ("auto", "default"),
-    "repetition_penalty": (1,),
     "best_of": (1,),
 }
 _CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}

@@ -23,6 +23,8 @@ from shared.engine.types import (
 from shared.errors import InvalidRequestError, PromptTooLongError
 from shared.kv.hashing import BlockHash, block_checksum, quota_key, root_hash
 from shared.kv.pool import BlockPool
+from shared.model.grammar import Grammars
+from shared.model.logits_processing import SequenceLogitsProcessor
 from shared.model.sampler import SampledToken
 from shared.sampling_params import SamplingParams
 
@@ -36,8 +38,15 @@ class LLMEngine:
     flight. One thread drives ``step`` and makes the calls that change requests; other threads
     may only do bookkeeping that leaves running sequences alone, holding ``lock``."""
 
-    def __init__(self, runner: ModelRunner, config: EngineConfig, model_id: str):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        config: EngineConfig,
+        model_id: str,
+        grammars: Grammars | None = None,
+    ):
         self.config = config
+        self.grammars = grammars  # None: requests with a grammar are refused
         self.runner = runner
         self.model_id = model_id
         self.pool = BlockPool(config.num_kv_blocks)
@@ -102,6 +111,9 @@ class LLMEngine:
         ``finish_import``. None when the pool has no room now.
         """
         seq = self._new_sequence(request_id, prompt_token_ids, params, cache_salt)
+        rules = seq.logits_processor
+        if rules is not None and not rules.accept(first_token):
+            raise InvalidRequestError("the first token does not follow the grammar", "grammar")
         hits = self.kv.find_cached_prefix(seq)
         num_prompt = len(prompt_token_ids)
         if not self.kv.allocate(seq, num_prompt, hits):
@@ -263,6 +275,9 @@ class LLMEngine:
             return self._fail(seq, sampled.error)
         if seq.num_output_tokens == 0:
             self.stats.prompt_tokens_cached += max(seq.num_cached_tokens, 0)
+        rules = seq.logits_processor
+        if rules is not None and not rules.accept(sampled.token_id):
+            return self._fail(seq, "the sampled token does not follow the grammar")
         seq.token_ids.append(sampled.token_id)
         if sampled.logprobs is not None:
             seq.output_logprobs.append(sampled.logprobs)
@@ -284,6 +299,8 @@ class LLMEngine:
             return FinishReason.STOP
         if token in p.stop_token_ids:
             return FinishReason.STOP
+        if seq.logits_processor is not None and seq.logits_processor.finished:
+            return FinishReason.STOP  # the grammar is complete: only an end token could follow
         if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
             return FinishReason.LENGTH
         return None
@@ -298,7 +315,24 @@ class LLMEngine:
         self._check_fits(prompt, params)
         seq = Sequence(request_id, list(prompt), params, self._root(cache_salt))
         seq.quota_key = quota_key(cache_salt)
+        seq.logits_processor = self._logits_processor(prompt, params)
         return seq
+
+    def _logits_processor(
+        self, prompt: list[int], params: SamplingParams
+    ) -> SequenceLogitsProcessor | None:
+        """The sequence's rules, having seen the completion's tokens that end a resumed
+        prompt; None when it has none (its logits are sampled as they are)."""
+        if not params.processes_logits:
+            return None
+        matcher = None
+        if params.grammar:
+            if self.grammars is None:
+                raise InvalidRequestError("this node does not enforce grammars", "grammar")
+            generated = prompt[len(prompt) - params.output_offset :] if params.output_offset else []
+            matcher = self.grammars.matcher(params.grammar, generated)
+        vocab = self.runner.model.config.vocab_size
+        return SequenceLogitsProcessor(params, vocab, prompt, self.eos_token_ids, matcher)
 
     def _check_fits(self, prompt: list[int], params: SamplingParams) -> None:
         if not prompt:
@@ -306,6 +340,12 @@ class LLMEngine:
         vocab = self.runner.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+        if any(t >= vocab for t, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab})", "stop_token_ids")
+        if params.output_offset > len(prompt):
+            raise InvalidRequestError("output_offset exceeds the prompt", "output_offset")
         if len(prompt) + params.max_tokens > self.config.max_model_len:
             raise PromptTooLongError(len(prompt), params.max_tokens, self.config.max_model_len)
         blocks = -(-(len(prompt) + params.max_tokens) // self.config.block_size)

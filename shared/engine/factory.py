@@ -14,6 +14,7 @@ from shared.engine.threads import apply_thread_settings
 from shared.kv.layout import KVLayout, num_blocks_for_bytes
 from shared.model import cpu_kernels
 from shared.model.files import ModelFiles, resolve_model
+from shared.model.grammar import Grammars
 from shared.model.kv_cache import PagedKVCache, torch_dtype
 from shared.model.llama import LlamaForCausalLM, build_model
 from shared.model.loader import load_state_dict
@@ -93,4 +94,6 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
         eos_token_ids=tuple(sorted(eos)),
     )
     runner = ModelRunner(model, PagedKVCache(layout, num_blocks, device))
-    return LoadedEngine(LLMEngine(runner, engine_config, config.model_id), tokenizer, files)
+    grammars = Grammars(tokenizer.backend_json(), config.vocab_size, engine_config.eos_token_ids)
+    engine = LLMEngine(runner, engine_config, config.model_id, grammars)
+    return LoadedEngine(engine, tokenizer, files)

@@ -41,7 +41,8 @@ class ModelRunner:
         # The position in the whole completion, so that a resumed request draws what the
         # uninterrupted one would have.
         at = [s.params.output_offset + s.num_output_tokens for s in samplers]
-        tokens = self.sampler.sample(logits, [s.params for s in samplers], at)
+        rules = [s.logits_processor for s in samplers]
+        tokens = self.sampler.sample(logits, [s.params for s in samplers], at, rules)
         return list(zip(samplers, tokens, strict=True))
 
     def _prepare(

@@ -11,6 +11,7 @@ from shared.kv.pool import KVBlock
 from shared.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from shared.model.logits_processing import SequenceLogitsProcessor
     from shared.model.sampler import TokenLogprobs
 
 
@@ -53,6 +54,8 @@ class Sequence:
     hold_blocks: bool = False  # keep the blocks referenced after finishing, until released
     quota_key: bytes = b""  # the tenant scope its cached blocks count against below DRAM
     admitted_at: float = 0.0  # monotonic time of its first step (0: none yet), for its phases
+    # Rules that depend on the tokens it generated (penalties, grammar); None when it has none.
+    logits_processor: SequenceLogitsProcessor | None = None
 
     def __post_init__(self) -> None:
         if not self.token_ids:

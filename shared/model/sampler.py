@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shared.model.logits_processing import SequenceLogitsProcessor, bitmask_words
 from shared.sampling_params import MIN_TEMPERATURE, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -54,14 +55,24 @@ class _Cleaned:
     logprobs: torch.Tensor | None
 
     @classmethod
-    def of(cls, logits: torch.Tensor, want_logprobs: bool) -> _Cleaned:
-        x = logits.float()
-        x = x.masked_fill(x.isnan(), _NEG_INF)
-        inf = x.isposinf()
-        x = torch.where(inf.any(dim=-1, keepdim=True), torch.where(inf, 0.0, _NEG_INF), x)
+    def of(
+        cls, logits: torch.Tensor, want_logprobs: bool, raw: torch.Tensor | None = None
+    ) -> _Cleaned:
+        """``raw``, when given, are the logits before per-sequence processing: logprobs are
+        reported of those."""
+        x = _clean(logits)
         facts = torch.stack([x.argmax(dim=-1), (x > _NEG_INF).any(dim=-1).long()]).tolist()
-        logprobs = torch.log_softmax(x, dim=-1) if want_logprobs else None
+        logprobs = None
+        if want_logprobs:
+            logprobs = torch.log_softmax(x if raw is None else _clean(raw), dim=-1)
         return cls(x, facts[0], [bool(u) for u in facts[1]], logprobs)
+
+
+def _clean(logits: torch.Tensor) -> torch.Tensor:
+    x = logits.float()
+    x = x.masked_fill(x.isnan(), _NEG_INF)
+    inf = x.isposinf()
+    return torch.where(inf.any(dim=-1, keepdim=True), torch.where(inf, 0.0, _NEG_INF), x)
 
 
 class Sampler:
@@ -82,20 +93,31 @@ class Sampler:
         logits: torch.Tensor,
         params: Sequence[SamplingParams],
         positions: Sequence[int],
+        processors: Sequence[SequenceLogitsProcessor | None] = (),
     ) -> list[SampledToken]:
         """One token per row of ``logits``; ``positions[i]`` is the completion position the
-        token of row ``i`` will take."""
+        token of row ``i`` will take, ``processors[i]`` (if any) the rules that depend on what
+        row ``i``'s sequence generated. Rows without one are sampled from their logits as
+        they are."""
         want_logprobs = any(p.logprobs is not None for p in params)
+        processed, failed = self._process(logits, processors)
+        raw = logits if processed is not logits else None
         batch: _Cleaned | None = None
         try:
-            batch = _Cleaned.of(logits, want_logprobs)
+            batch = _Cleaned.of(processed, want_logprobs, raw)
         except Exception:  # each row then tries alone, so one bad row fails only itself
             log.exception("sampling a batch of %d rows failed", logits.shape[0])
         out: list[SampledToken] = []
         for row, (p, position) in enumerate(zip(params, positions, strict=True)):
+            if row in failed:
+                out.append(SampledToken(NO_TOKEN, None, failed[row]))
+                continue
             try:
                 if batch is None:
-                    alone = _Cleaned.of(logits[row : row + 1], p.logprobs is not None)
+                    one = slice(row, row + 1)
+                    alone = _Cleaned.of(
+                        processed[one], p.logprobs is not None, None if raw is None else raw[one]
+                    )
                     out.append(self._sample_row(alone, 0, p, position))
                 else:
                     out.append(self._sample_row(batch, row, p, position))
@@ -103,6 +125,26 @@ class Sampler:
                 log.exception("sampling row %d failed", row)
                 out.append(SampledToken(NO_TOKEN, None, f"sampling failed: {exc!r}"[:512]))
         return out
+
+    def _process(
+        self, logits: torch.Tensor, processors: Sequence[SequenceLogitsProcessor | None]
+    ) -> tuple[torch.Tensor, dict[int, str]]:
+        """The logits with each row's rules applied (the same tensor when no row has any),
+        and the rows whose rules failed, with why."""
+        if not any(processors):
+            return logits, {}
+        processed = logits.float().clone()
+        mask = torch.empty(bitmask_words(logits.shape[-1]), dtype=torch.int32)
+        failed: dict[int, str] = {}
+        for row, processor in enumerate(processors):
+            if processor is None:
+                continue
+            try:
+                processor.apply(processed[row], mask)
+            except Exception as exc:
+                log.exception("processing the logits of row %d failed", row)
+                failed[row] = f"processing the logits failed: {exc!r}"[:512]
+        return processed, failed
 
     def _sample_row(
         self, batch: _Cleaned, row: int, p: SamplingParams, position: int

@@ -210,6 +210,19 @@ class Tokenizer:
         """Token ids of the rendered chat; the template itself writes any BOS it wants."""
         return self.encode(self.render_chat(messages, add_generation_prompt), False)
 
+    def backend_json(self) -> str:
+        """The whole tokenizer as ``tokenizer.json`` text (what grammar matchers load)."""
+        return str(self._backend.to_str())
+
+    def vocab_by_id(self) -> list[str]:
+        """Every raw vocabulary string, indexed by token id."""
+        vocab = self._backend.get_vocab(with_added_tokens=True)
+        table = [""] * self.vocab_size
+        for token, token_id in vocab.items():
+            if 0 <= token_id < self.vocab_size:
+                table[token_id] = token
+        return table
+
     def id_to_token(self, token_id: int) -> str:
         """The raw vocabulary string of ``token_id`` (byte-level alphabet for BPE models)."""
         token = self._backend.id_to_token(token_id)

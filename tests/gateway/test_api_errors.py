@@ -43,7 +43,7 @@ def still_serving(http: httpx.Client, model: str) -> None:
         ({"messages": HELLO, "n": "two"}, "n"),
         ({"messages": HELLO, "max_tokens": 9000}, "max_tokens"),
         ({"messages": HELLO, "max_tokens": 8190}, "messages"),
-        ({"messages": HELLO, "presence_penalty": 1}, "presence_penalty"),
+        ({"messages": HELLO, "presence_penalty": 3}, "presence_penalty"),
         ({"messages": "hi"}, "messages"),
         ({}, "messages"),
     ],
@@ -66,7 +66,7 @@ def test_context_length_error_says_the_numbers(http: httpx.Client, model_name: s
 
 @pytest.mark.parametrize(
     "body",
-    [{"echo": True}, {"best_of": 2}, {"suffix": "x"}, {"logit_bias": {"1": 5}}, {"logprobs": 50}],
+    [{"echo": True}, {"best_of": 2}, {"suffix": "x"}, {"logit_bias": {"1": 500}}, {"logprobs": 50}],
 )
 def test_unsupported_completion_parameters_are_named(
     http: httpx.Client, model_name: str, body: dict[str, Any]

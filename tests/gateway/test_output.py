@@ -172,3 +172,26 @@ def test_cached_tokens_come_from_any_chunk(tokenizer: Tokenizer) -> None:
     parts[0].num_cached_tokens = 64
     choice, _ = assemble(tokenizer, parts)
     assert choice.num_cached_tokens == 64
+
+
+def test_a_stop_token_ends_the_choice_without_its_text_unless_asked(tokenizer: Tokenizer) -> None:
+    words = tokenizer.encode("one two three", add_special_tokens=False)
+    stop = words[-1]
+    options = OutputOptions(stop_token_ids=frozenset({stop}))
+    choice, _ = assemble(tokenizer, chunks(words, 2), options)
+    assert choice.text == tokenizer.decode(words[:-1]) and choice.finish_reason == "stop"
+    assert choice.completion_tokens == len(words)
+    kept = OutputOptions(stop_token_ids=frozenset({stop}), include_stop_str_in_output=True)
+    choice, _ = assemble(tokenizer, chunks(words, 2), kept)
+    assert choice.text == "one two three"
+
+
+def test_stop_strings_count_only_from_min_tokens_on(tokenizer: Tokenizer) -> None:
+    ids = tokenizer.encode("a b a b a b", add_special_tokens=False)
+    early = OutputOptions(stop=("b",))
+    choice, _ = assemble(tokenizer, chunks(ids, 1), early)
+    assert choice.text == "a "
+    # The fourth token is the first whose text may hold a stop: " b" of the second pair.
+    held = OutputOptions(stop=("b",), min_tokens=4)
+    choice, _ = assemble(tokenizer, chunks(ids, 1), held)
+    assert len(ids) == 6 and choice.text == "a b a "

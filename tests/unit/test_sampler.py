@@ -185,10 +185,10 @@ def test_an_exception_in_one_row_fails_only_that_row(monkeypatch: pytest.MonkeyP
 def test_a_failing_batch_step_falls_back_to_rows(monkeypatch: pytest.MonkeyPatch) -> None:
     real_of = sampler_module._Cleaned.of
 
-    def of(logits: torch.Tensor, want_logprobs: bool) -> Any:
+    def of(logits: torch.Tensor, want_logprobs: bool, raw: torch.Tensor | None = None) -> Any:
         if logits.shape[0] > 1:
             raise RuntimeError("out of memory")
-        return real_of(logits, want_logprobs)
+        return real_of(logits, want_logprobs, raw)
 
     monkeypatch.setattr(sampler_module._Cleaned, "of", staticmethod(of))
     logits = torch.cat([LOGITS, LOGITS.flip(-1)])

@@ -2,33 +2,56 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
-from services.gateway import errors
+from services.gateway import errors, openapi
+from services.gateway.api_models import (
+    ChatCompletion,
+    Completion,
+    DetokenizeResponse,
+    HealthStatus,
+    ModelCard,
+    ModelList,
+    RequestView,
+    TokenizeResponse,
+)
 from services.gateway.auth import ApiKeys
 from services.gateway.completions import Completions
 from services.gateway.errors import ApiError
+from services.gateway.http_io import (
+    DEBUG_REQUESTS,
+    CountRequests,
+    parse_body,
+    read_json,
+    unless_disconnected,
+)
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.phases import Recent
 from services.gateway.requests import PreparedRequest, RequestBuilder
 from services.gateway.responses import Shapes
-from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from services.gateway.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
 from services.gateway.service import Run
-from services.gateway.validation import decode_body
+from services.gateway.tokenize import detokenize, tokenize
 from shared import phases
 
 log = logging.getLogger(__name__)
@@ -45,13 +68,17 @@ ENDPOINTS = frozenset(
         "/readyz",
         "/livez",
         "/metrics",
+        "/tokenize",
+        "/detokenize",
     }
 )
-DEBUG_REQUESTS = "/debug/requests/"
-# A body over the limit is still read (not kept) up to this much, so the client sees the 413
-# instead of a reset connection; anything bigger is cut off.
-_DRAIN_LIMIT = 64 * 1024 * 1024
-CLIENT_CLOSED = 499
+#: The JSON bodies the routes parse themselves, for ``/openapi.json``.
+BODIES: dict[str, tuple[type[BaseModel], ...]] = {
+    "/v1/chat/completions": (ChatCompletionRequest,),
+    "/v1/completions": (CompletionRequest,),
+    "/tokenize": (TokenizeCompletionRequest, TokenizeChatRequest),
+    "/detokenize": (DetokenizeRequest,),
+}
 #: Bodies up to this size are rendered and tokenized on the event loop (``_prepare``).
 INLINE_BODY_BYTES = 16 * 1024
 
@@ -70,12 +97,32 @@ class Gateway:
 
 
 def build_app(gateway: Gateway) -> FastAPI:
-    app = FastAPI(title="Crescent gateway", version="0.1.0")
+    app = FastAPI(
+        title="Crescent gateway",
+        version="0.1.0",
+        description="OpenAI-compatible API of a Crescent deployment, with its extensions.",
+    )
     app.state.gateway = gateway
     _install_error_handlers(app)
-    app.add_middleware(_CountRequests, metrics=gateway.metrics)
+    app.add_middleware(CountRequests, metrics=gateway.metrics, endpoints=ENDPOINTS)
     _add_routes(app, gateway)
+    _describe_bodies(app, [gateway.builder.model_name])
     return app
+
+
+def _describe_bodies(app: FastAPI, model_names: list[str]) -> None:
+    """``/openapi.json`` describes the bodies the routes parse themselves, too."""
+
+    def described() -> dict[str, Any]:
+        if not app.openapi_schema:
+            schema = get_openapi(
+                title=app.title, version=app.version, description=app.description,
+                routes=app.routes,
+            )  # fmt: skip
+            app.openapi_schema = openapi.describe_bodies(schema, BODIES, model_names)
+        return app.openapi_schema
+
+    app.openapi = described  # type: ignore[method-assign]
 
 
 def _error_response(exc: ApiError) -> JSONResponse:
@@ -108,36 +155,64 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 def _add_routes(app: FastAPI, gw: Gateway) -> None:
-    @app.post("/v1/chat/completions")
+    generation = openapi.errors(*openapi.GENERATION_ERRORS)
+
+    @app.post(
+        "/v1/chat/completions",
+        response_model=ChatCompletion,
+        responses=openapi.event_stream("A chat completion, or its stream", "chat.completion.chunk")
+        | generation,
+    )
     async def chat(request: Request) -> Response:
         arrived = time.monotonic()
         tenant = gw.keys.tenant(request.headers.get("authorization"))
-        body, size = await _parse(request, ChatCompletionRequest, gw.max_request_bytes)
+        body, size = await parse_body(request, ChatCompletionRequest, gw.max_request_bytes)
         prepared = await _prepare(gw.builder.chat, body, tenant, size)
         return await _generate(request, gw, prepared, arrived)
 
-    @app.post("/v1/completions")
+    @app.post(
+        "/v1/completions",
+        response_model=Completion,
+        responses=openapi.event_stream("A completion, or its stream", "text_completion")
+        | generation,
+    )
     async def completions(request: Request) -> Response:
         arrived = time.monotonic()
         tenant = gw.keys.tenant(request.headers.get("authorization"))
-        body, size = await _parse(request, CompletionRequest, gw.max_request_bytes)
+        body, size = await parse_body(request, CompletionRequest, gw.max_request_bytes)
         prepared = await _prepare(gw.builder.completion, body, tenant, size)
         return await _generate(request, gw, prepared, arrived)
 
-    @app.get("/v1/models")
+    plain = openapi.errors(*openapi.PLAIN_ERRORS)
+
+    @app.post("/tokenize", response_model=TokenizeResponse, responses=plain)
+    async def tokenize_route(request: Request) -> Any:
+        gw.keys.tenant(request.headers.get("authorization"))
+        data, _ = await read_json(request, gw.max_request_bytes)
+        kind = TokenizeChatRequest if "messages" in data else TokenizeCompletionRequest
+        body = kind.model_validate(data, strict=True)
+        return JSONResponse(await run_in_threadpool(tokenize, gw.builder, body))
+
+    @app.post("/detokenize", response_model=DetokenizeResponse, responses=plain)
+    async def detokenize_route(request: Request) -> Any:
+        gw.keys.tenant(request.headers.get("authorization"))
+        body, _ = await parse_body(request, DetokenizeRequest, gw.max_request_bytes)
+        return JSONResponse(detokenize(gw.builder, body))
+
+    @app.get("/v1/models", response_model=ModelList, responses=openapi.errors(401))
     async def models(request: Request) -> dict[str, Any]:
         gw.keys.tenant(request.headers.get("authorization"))
         return {"object": "list", "data": [_model_card(gw)]}
 
-    @app.get("/v1/models/{name:path}")
+    @app.get("/v1/models/{name:path}", response_model=ModelCard, responses=openapi.errors(401, 404))
     async def model(request: Request, name: str) -> dict[str, Any]:
         gw.keys.tenant(request.headers.get("authorization"))
         if name != gw.builder.model_name:
             raise errors.model_not_found(name)
         return _model_card(gw)
 
-    @app.get("/health")
-    @app.get("/readyz")
+    @app.get("/health", response_model=HealthStatus, responses={503: {"model": HealthStatus}})
+    @app.get("/readyz", response_model=HealthStatus, responses={503: {"model": HealthStatus}})
     async def ready() -> JSONResponse:
         # Readiness: requests can be served now (a scheduler and both node roles are live).
         ok, reason = gw.completions.dispatcher.readiness()
@@ -145,18 +220,26 @@ def _add_routes(app: FastAPI, gw: Gateway) -> None:
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable", "reason": reason}, 503)
 
-    @app.get("/healthz")
-    @app.get("/livez")
+    @app.get("/healthz", response_model=HealthStatus)
+    @app.get("/livez", response_model=HealthStatus)
     async def live() -> JSONResponse:
         # Liveness: the process serves HTTP; restarting it would not help the cluster.
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     async def metrics() -> Response:
         return Response(gw.metrics.render(), media_type=gw.metrics.content_type)
 
-    @app.get(DEBUG_REQUESTS + "{request_id}")
-    async def request_phases(request: Request, request_id: str) -> dict[str, Any]:
+    @app.get(
+        DEBUG_REQUESTS + "{request_id}",
+        response_model=RequestView,
+        responses=openapi.errors(401, 404),
+    )
+    async def request_phases(request: Request, request_id: str) -> Any:
         # Where one recent request's time went (the response's id); its tenant's alone.
         tenant = gw.keys.tenant(request.headers.get("authorization"))
         found = gw.recent.get(request_id, tenant)
@@ -185,39 +268,12 @@ async def _prepare(
     return await run_in_threadpool(build, body, tenant)
 
 
-async def _parse(request: Request, model: type[M], limit: int) -> tuple[M, int]:
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        await _drain(request)
-        raise errors.too_large(limit)
-    parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > limit:
-            await _drain(request, size)
-            raise errors.too_large(limit)
-        parts.append(part)
-    data = decode_body(b"".join(parts))
-    # Strict: a bool or a string where a number belongs is refused, not converted.
-    return model.model_validate(data, strict=True), size
-
-
-async def _drain(request: Request, seen: int = 0) -> None:
-    try:
-        async for part in request.stream():
-            seen += len(part)
-            if seen > _DRAIN_LIMIT:
-                return
-    except Exception:  # the stream may already be consumed or gone; the 413 stands either way
-        return
-
-
 async def _generate(
     request: Request, gw: Gateway, prepared: PreparedRequest, arrived: float
 ) -> Response:
     gw.metrics.in_flight.inc()
     try:
-        run = await _unless_disconnected(request, gw.completions.start(prepared))
+        run = await unless_disconnected(request, gw.completions.start(prepared))
     except BaseException:
         gw.metrics.in_flight.dec()
         raise
@@ -226,7 +282,7 @@ async def _generate(
     if prepared.stream:
         return _RunStream(run, shapes, gw)
     try:
-        await _unless_disconnected(request, run.collect())
+        await unless_disconnected(request, run.collect())
         return JSONResponse(shapes.response(run.choices))
     finally:
         _finish(run, gw)
@@ -284,59 +340,3 @@ class _RunStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             _finish(self._run, self._gw)
-
-
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Awaits ``work``, cancelling it (which aborts its requests) if the client hangs up."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.cancelled():
-        raise ApiError(CLIENT_CLOSED, "The client closed the connection.")
-    return task.result()
-
-
-class _CountRequests:
-    """ASGI middleware counting every HTTP response by endpoint and status."""
-
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500
-        arrived = time.monotonic()
-
-        async def send_and_note(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                waited = time.monotonic() - arrived
-                self.metrics.response_start.labels(str(status)).observe(waited)
-            await send(message)
-
-        path = scope.get("path", "")
-        # Unknown paths share one label so that scanners cannot blow up the label set.
-        endpoint = path if path in ENDPOINTS else "other"
-        if path.startswith(DEBUG_REQUESTS):
-            endpoint = DEBUG_REQUESTS  # one label for every request id
-        try:
-            await self.app(scope, receive, send_and_note)
-        finally:
-            self.metrics.requests.labels(endpoint, str(status)).inc()

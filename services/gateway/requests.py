@@ -91,11 +91,11 @@ class RequestBuilder:
         self.max_n = max_n
 
     def chat(self, body: ChatCompletionRequest, tenant: str) -> PreparedRequest:
-        self._check_model(body.model)
+        self.check_model(body.model)
         reject_unsupported(body, CHAT_UNSUPPORTED)
         common = self._common(body)
         logprobs = self._chat_logprobs(body.logprobs, body.top_logprobs)
-        prompt = self._render(body.messages)
+        prompt = self.render(body.messages)
         requested = body.max_completion_tokens
         param = "max_completion_tokens"
         if requested is None:
@@ -106,7 +106,7 @@ class RequestBuilder:
         )
 
     def completion(self, body: CompletionRequest, tenant: str) -> PreparedRequest:
-        self._check_model(body.model)
+        self.check_model(body.model)
         reject_unsupported(body, COMPLETION_UNSUPPORTED)
         common = self._common(body)
         logprobs = body.logprobs
@@ -124,7 +124,7 @@ class RequestBuilder:
                  for p in prompts]  # fmt: skip
         return self._prepare("cmpl", "completion", body, tenant, common, sized, logprobs)
 
-    def _check_model(self, name: str) -> None:
+    def check_model(self, name: str) -> None:
         if name != self.model_name:
             raise errors.model_not_found(name)
 
@@ -154,12 +154,15 @@ class RequestBuilder:
             )
         return (top or 0) if logprobs else None
 
-    def _render(self, messages: list[ChatMessage]) -> tuple[int, ...]:
+    def render(
+        self, messages: list[ChatMessage], add_generation_prompt: bool = True
+    ) -> tuple[int, ...]:
+        """Token ids of the conversation as the chat template renders it."""
         chat = [message_dict(i, m) for i, m in enumerate(messages)]
         if not chat:
             raise errors.invalid("messages must be a non-empty list", "messages")
         try:
-            return tuple(self.tokenizer.apply_chat_template(chat))
+            return tuple(self.tokenizer.apply_chat_template(chat, add_generation_prompt))
         except InvalidRequestError as exc:
             raise errors.from_invalid(exc) from exc
 

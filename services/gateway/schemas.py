@@ -3,20 +3,31 @@
 
 Unknown fields are rejected. Fields OpenAI (or vLLM) defines that Crescent does not implement
 are declared loosely so that ``requests.reject_unsupported`` can name them in a 400 when a
-client asks for them, and accept them when they carry their do-nothing value.
+client asks for them, and accept them when they carry their do-nothing value; their schema
+admits only that value. Ranges checked in ``requests`` are stated in the schema too (as
+``json_schema_extra``, so the 400 keeps its own wording).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Strict(BaseModel):
     # Validation errors never carry the values that failed: they may be a client's prompt,
     # and an error can end up in a log.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+
+def _refused(*neutral: Any) -> Any:
+    """A field Crescent does not implement: the schema admits only its do-nothing values (a
+    request with another is refused with a 400 that names the field)."""
+    return Field(
+        default=None,
+        json_schema_extra={"enum": [None, *neutral], "description": "Not supported."},
+    )
 
 
 class StreamOptions(_Strict):
@@ -30,15 +41,15 @@ class StreamOptions(_Strict):
 class ChatMessage(_Strict):
     """One message of a conversation; ``content`` is text or a list of text parts."""
 
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
     # Tool and audio messages are not supported; declared so the 400 can name them.
-    tool_calls: Any = None
-    tool_call_id: Any = None
-    function_call: Any = None
-    refusal: Any = None
-    audio: Any = None
+    tool_calls: Any = _refused()
+    tool_call_id: Any = _refused()
+    function_call: Any = _refused("none")
+    refusal: Any = _refused()
+    audio: Any = _refused()
 
 
 class _Generation(_Strict):
@@ -49,8 +60,8 @@ class _Generation(_Strict):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    n: int | None = None
-    seed: int | None = None
+    n: int | None = Field(default=None, json_schema_extra={"minimum": 1})
+    seed: int | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 2**63 - 1})
     stop: str | list[str] | None = None
     user: str | None = None
     stream: bool | None = None
@@ -64,36 +75,36 @@ class _Generation(_Strict):
     ignore_eos: bool | None = None
     repetition_penalty: float | None = None
     min_tokens: int | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, json_schema_extra={"maxItems": 1024})
     # Not supported unless they carry their neutral value.
-    prompt_cache_key: Any = None
-    service_tier: Any = None
+    prompt_cache_key: Any = _refused()
+    service_tier: Any = _refused("auto", "default")
     safety_identifier: str | None = None
 
 
 class ChatCompletionRequest(_Generation):
     """``POST /v1/chat/completions``."""
 
-    messages: list[ChatMessage]
+    messages: list[ChatMessage] = Field(json_schema_extra={"minItems": 1})
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: Any = None
-    tool_choice: Any = None
+    tools: Any = _refused([])
+    tool_choice: Any = _refused("none")
     # Only means something together with tools, which are refused; accepted and ignored.
     parallel_tool_calls: bool | None = None
-    functions: Any = None
-    function_call: Any = None
-    response_format: Any = None
-    audio: Any = None
-    modalities: Any = None
-    prediction: Any = None
-    reasoning_effort: Any = None
-    store: Any = None
-    metadata: Any = None
-    web_search_options: Any = None
-    verbosity: Any = None
-    prompt_cache_retention: Any = None
+    functions: Any = _refused([])
+    function_call: Any = _refused("none")
+    response_format: Any = _refused({"type": "text"})
+    audio: Any = _refused()
+    modalities: Any = _refused(["text"])
+    prediction: Any = _refused()
+    reasoning_effort: Any = _refused()
+    store: Any = _refused(False)
+    metadata: Any = _refused({})
+    web_search_options: Any = _refused()
+    verbosity: Any = _refused()
+    prompt_cache_retention: Any = _refused()
 
 
 class CompletionRequest(_Generation):
@@ -101,6 +112,31 @@ class CompletionRequest(_Generation):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
-    echo: Any = None
-    best_of: Any = None
-    suffix: Any = None
+    echo: Any = _refused(False)
+    best_of: Any = _refused(1)
+    suffix: Any = _refused()
+
+
+class TokenizeCompletionRequest(_Strict):
+    """``POST /tokenize`` of a prompt text (vLLM's shape)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class TokenizeChatRequest(_Strict):
+    """``POST /tokenize`` of a conversation, rendered as ``/v1/chat/completions`` renders it."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool | None = None
+    return_token_strs: bool | None = None
+
+
+class DetokenizeRequest(_Strict):
+    """``POST /detokenize``: token ids back to text."""
+
+    model: str | None = None
+    tokens: list[int]

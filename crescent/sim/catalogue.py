@@ -36,7 +36,7 @@ class FirstBlockHolders:
     __slots__ = ("_catalogue", "_first", "_mask")
     num_blocks = 1
 
-    def __init__(self, catalogue: Catalogue, first: int, mask: int) -> None:
+    def __init__(self, catalogue: Catalogue, first: bytes, mask: int) -> None:
         self._catalogue, self._first, self._mask = catalogue, first, mask
 
     def holds(self, node_id: str) -> bool:
@@ -61,48 +61,49 @@ class Match:
 
 class Catalogue:
     """Owns a bit per (pool, block) for every block a pool stored since its bit was last
-    cleared. Invariant: a pool holding a block has its bit set; bits are in node id order."""
+    cleared. Invariant: a pool holding a block has its bit set; bits are in node id order.
+    Blocks are named as the pools name them (``pool.block_key`` of their hash ids)."""
 
     def __init__(self, pools: Mapping[str, BlockPool]) -> None:
         self.ids = sorted(pools)
         self.bit_of = {node_id: at for at, node_id in enumerate(self.ids)}
         self.pools = [pools[node_id] for node_id in self.ids]
-        self.masks: dict[int, int] = {}
+        self.masks: dict[bytes, int] = {}
 
-    def stored(self, node_id: str, hash_ids: Sequence[int]) -> None:
-        """``node_id``'s pool has just stored (or read) ``hash_ids``."""
+    def stored(self, node_id: str, keys: Sequence[bytes]) -> None:
+        """``node_id``'s pool has just stored (or read) ``keys``."""
         bit = 1 << self.bit_of[node_id]
         masks = self.masks
-        for hash_id in hash_ids:
-            masks[hash_id] = masks.get(hash_id, 0) | bit
+        for key in keys:
+            masks[key] = masks.get(key, 0) | bit
 
-    def check(self, at: int, hash_id: int) -> bool:
-        """Whether pool ``at`` holds ``hash_id``; clears its bit if not."""
-        if hash_id in self.pools[at]:
+    def check(self, at: int, key: bytes) -> bool:
+        """Whether pool ``at`` holds ``key``; clears its bit if not."""
+        if self.pools[at].holds_key(key):
             return True
-        self._clear(at, hash_id)
+        self._clear(at, key)
         return False
 
-    def _clear(self, at: int, hash_id: int) -> None:
-        mask = self.masks.get(hash_id, 0) & ~(1 << at)
+    def _clear(self, at: int, key: bytes) -> None:
+        mask = self.masks.get(key, 0) & ~(1 << at)
         if mask:
-            self.masks[hash_id] = mask
+            self.masks[key] = mask
         else:
-            self.masks.pop(hash_id, None)
+            self.masks.pop(key, None)
 
-    def match(self, hash_ids: Sequence[int]) -> Match:
-        """Every pool holding a leading part of ``hash_ids``, with its exact length."""
-        if not hash_ids:
+    def match(self, keys: Sequence[bytes]) -> Match:
+        """Every pool holding a leading part of ``keys``, with its exact length."""
+        if not keys:
             return Match([], None)
         masks = self.masks
-        first = hash_ids[0]
+        first = keys[0]
         holding = masks.get(first, 0)
-        deeper = holding & masks.get(hash_ids[1], 0) if len(hash_ids) > 1 else 0
+        deeper = holding & masks.get(keys[1], 0) if len(keys) > 1 else 0
         holders = []
         for at in _bits(deeper):
-            held = self.pools[at].lookup(hash_ids)
-            if held < len(hash_ids):
-                self._clear(at, hash_ids[held])
+            held = self.pools[at].lookup_keys(keys)
+            if held < len(keys):
+                self._clear(at, keys[held])
             if held:
                 holders.append(PrefixHolder(self.ids[at], DRAM, held))
         shallow = holding & ~deeper

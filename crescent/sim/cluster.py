@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from crescent.sim.catalogue import Catalogue
 from crescent.sim.costs import CostModel, cost_model
 from crescent.sim.nodes import DecodeNode, Job, PrefillNode
-from crescent.sim.pool import BlockPool
+from crescent.sim.pool import BlockPool, block_key
 from crescent.sim.report import SimResult, summarize
 from crescent.sim.schedulers import make_scheduler
 from crescent.traces import TraceRecord, scaled
@@ -129,6 +129,7 @@ class Simulation:
                 prompt_tokens=scaled(r.input_length, bs),
                 output_tokens=scaled(r.output_length, bs),
                 hash_ids=r.hash_ids,
+                keys=tuple(map(block_key, r.hash_ids)),
             )
             for i, r in enumerate(chosen)
         ]
@@ -169,7 +170,7 @@ class Simulation:
 
     def _arrive(self, job: Job, now: float) -> None:
         request = PlacementRequest(job.prompt_tokens, job.output_tokens, str(job.index))
-        match = self.catalogue.match(job.hash_ids)
+        match = self.catalogue.match(job.keys)
         # The scheduler's own time (CPU time of this thread): on a shared machine the wall
         # clock would also count the slices other processes take.
         started = time.thread_time()
@@ -182,17 +183,24 @@ class Simulation:
             return
         job.placement = decision
         node = self.prefills[decision.prefill_node]
-        local = min(node.pool.lookup(job.hash_ids), self._usable(job)) * self.cost.block_tokens
+        local = min(node.pool.lookup_keys(job.keys), self._usable(job)) * self.cost.block_tokens
         job.queued_tokens = job.prompt_tokens - max(decision.num_cached_tokens, local)
         node.enqueue(job, now)
         self.view.update(node.load)
         if node.current is None:
             self._start(node, now)
 
-    def _access(self, pool: BlockPool, hash_ids: Sequence[int], now: float) -> None:
+    def _access(self, pool: BlockPool, keys: Sequence[bytes], now: float) -> int:
         started = time.thread_time()
-        pool.access(hash_ids, now)
+        hits = pool.access_keys(keys, now)
         self.pool_cpu_s += time.thread_time() - started
+        return hits
+
+    def _store(self, node_id: str, pool: BlockPool, keys: Sequence[bytes], now: float) -> None:
+        """``node_id``'s pool stores (or reads) ``keys``; the catalogue learns of those it
+        lacked (it lists every block a pool holds already)."""
+        hits = self._access(pool, keys, now)
+        self.catalogue.stored(node_id, keys[hits:])
 
     def _usable(self, job: Job) -> int:
         """Blocks a hit may cover: the last prompt token is always computed."""
@@ -201,15 +209,15 @@ class Simulation:
     def _start(self, node: PrefillNode, now: float) -> None:
         job = node.queue.popleft()
         node.current = job
-        ids, usable = job.hash_ids, self._usable(job)
-        cached = min(node.pool.lookup(ids), usable)
+        ids, usable = job.keys, self._usable(job)
+        cached = min(node.pool.lookup_keys(ids), usable)
         fetched = 0
         assert job.placement is not None
         for pull in job.placement.pulls:
             source = self.pools.get(pull.node_id)
             if source is None:
                 continue
-            held = min(source.lookup(ids), pull.first_block + pull.num_blocks, usable)
+            held = min(source.lookup_keys(ids), pull.first_block + pull.num_blocks, usable)
             if held > cached:
                 fetched += held - cached
                 cached = held
@@ -228,8 +236,7 @@ class Simulation:
     def _prefilled(self, node: PrefillNode, now: float) -> None:
         job = node.current
         assert job is not None
-        self._access(node.pool, job.hash_ids, now)
-        self.catalogue.stored(node.load.node_id, job.hash_ids)
+        self._store(node.load.node_id, node.pool, job.keys, now)
         job.first_token = now
         node.finish(job, now)
         self.view.update(node.load)
@@ -245,8 +252,7 @@ class Simulation:
         node = self.decodes[job.placement.decode_node]
         job.blocks = -(-(job.prompt_tokens + job.output_tokens) // self.cost.block_tokens)
         if node.pool is not None:
-            self._access(node.pool, job.hash_ids, now)
-            self.catalogue.stored(node.load.node_id, job.hash_ids)
+            self._store(node.load.node_id, node.pool, job.keys, now)
         node.waiting.append(job)
         if not node.ending:
             node.start = now

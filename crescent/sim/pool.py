@@ -11,7 +11,7 @@ chain's tail (it is evicted first when it ranks lowest) without cutting into its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Protocol
 
 from services.tierd.policy import (
@@ -76,6 +76,14 @@ class BlockPool(HitCounters):
     block's parent is held (victims are cut from chain tails), so a request's leading hits are
     all its held blocks; ``hits <= requested``. A block's ``access_count`` counts its reads
     after the first, including those before an eviction the pool still remembers.
+
+    Until a pool first fills, nothing is evicted, so nothing needs the policy's order: the
+    accesses are logged with the keys they leave held (``_held``), and replayed in order
+    through the policy's index when the pool would first overflow or its order is first read,
+    which leaves it as if every access had gone through the index (most pools of a large
+    cluster never fill). A policy that learns from the accesses (``observe``) and may be
+    shared with other pools sees them as they come instead, and so does every access with
+    ``defer=False``.
     """
 
     def __init__(
@@ -85,6 +93,7 @@ class BlockPool(HitCounters):
         *,
         block_bytes: int = 1,
         history_blocks: int | None = None,
+        defer: bool = True,
     ) -> None:
         if capacity_blocks is not None and capacity_blocks < 0:
             raise ValueError(f"capacity_blocks must be non-negative, got {capacity_blocks}")
@@ -102,34 +111,54 @@ class BlockPool(HitCounters):
         self._observe: Callable[[int], None] | None = getattr(self.policy, "observe", None)
         self._rank_version = self._policy_rank_version()
         self._clock = float("-inf")
+        defer = defer and (isinstance(policy, str) or self._observe is None)
+        self._log: list[tuple[Sequence[bytes], float]] | None = [] if defer else None
+        self._held: set[bytes] = set()
+        self._holding: Collection[bytes] = self._held if defer else self._index.blocks
         super().__init__()
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._holding)
 
     def __contains__(self, hash_id: object) -> bool:
-        return isinstance(hash_id, int) and block_key(hash_id) in self._index
+        return isinstance(hash_id, int) and block_key(hash_id) in self._holding
+
+    def holds_key(self, key: bytes) -> bool:
+        """Whether the block of ``block_key`` ``key`` is held."""
+        return key in self._holding
 
     @property
     def held_bytes(self) -> int:
-        return len(self._index) * self.block_bytes
+        return len(self._holding) * self.block_bytes
 
     @property
     def infos(self) -> Mapping[bytes, BlockInfo]:
         """What the policy sees of each held block (keys: ``block_key`` of the hash id)."""
+        self._replay()
         return self._index.blocks
 
     def next_victim(self) -> int | None:
         """The hash id the pool would evict next, if any."""
+        self._replay()
         victim = self._index.peek()
         return None if victim is None else int.from_bytes(victim.block_hash, "big")
 
     def lookup(self, hash_ids: Sequence[int]) -> int:
         """How many leading blocks of ``hash_ids`` are held; changes nothing."""
-        index = self._index
+        holding = self._holding
         found = 0
         for hash_id in hash_ids:
-            if block_key(hash_id) not in index:
+            if block_key(hash_id) not in holding:
+                break
+            found += 1
+        return found
+
+    def lookup_keys(self, keys: Sequence[bytes]) -> int:
+        """``lookup`` of the hash ids whose ``block_key`` are ``keys``."""
+        holding = self._holding
+        found = 0
+        for key in keys:
+            if key not in holding:
                 break
             found += 1
         return found
@@ -137,38 +166,76 @@ class BlockPool(HitCounters):
     def access(self, hash_ids: Sequence[int], now: float) -> int:
         """Serves one request at ``now`` (seconds): counts its leading hits, reads or stores
         every block, evicts down to capacity; returns the leading hits."""
-        hits = self.lookup(hash_ids)
-        self._count(hits, len(hash_ids))
+        return self.access_keys([block_key(hash_id) for hash_id in hash_ids], now)
+
+    def access_keys(self, keys: Sequence[bytes], now: float) -> int:
+        """``access`` of the hash ids whose ``block_key`` are ``keys``."""
+        hits = self.lookup_keys(keys)
+        self._count(hits, len(keys))
+        if self._log is not None and self._log_access(keys, now):
+            return hits
+        self._serve(keys, now)
+        return hits
+
+    def _log_access(self, keys: Sequence[bytes], now: float) -> bool:
+        """Logs the access if it leaves the pool within capacity (False: it is replayed, and
+        the access must be served)."""
+        held = self._held
+        held.update(keys)
+        capacity = self.capacity_blocks
+        if capacity is not None and len(held) > capacity:
+            self._replay()
+            return False
+        assert self._log is not None
+        self._log.append((keys, now))
+        return True
+
+    def _replay(self) -> None:
+        """Serves the logged accesses through the policy's index, and every access after."""
+        log, self._log = self._log, None
+        if log is None:
+            return
+        self._holding = self._index.blocks
+        self._held = set()
+        for keys, now in log:
+            self._serve(keys, now)
+
+    def _serve(self, keys: Sequence[bytes], now: float) -> None:
+        """Reads or stores every block of ``keys`` in the index, then evicts to capacity."""
+        if not keys:
+            return
+        index = self._index
+        # Each block gets its own time, TICK_S after the one before (the first no earlier
+        # than ``now``): recency is a strict order.
+        stamp = max(now, self._clock + TICK_S)
+        get, observe = index.blocks.get, self._observe
+        recall, block_bytes = self._history.recall, self.block_bytes
         parent = ROOT
-        for depth, hash_id in enumerate(hash_ids):
-            self._clock = stamp = max(now, self._clock + TICK_S)
-            key = block_key(hash_id)
-            self._touch(key, parent, depth, stamp)
+        for depth, key in enumerate(keys):
+            if depth:
+                stamp += TICK_S
+            info = get(key)
+            if info is not None:
+                info.last_access = stamp
+                info.access_count += 1
+                count = info.access_count
+                index.update(key)
+            else:
+                seen = recall(key)
+                count = 0 if seen is None else seen + 1
+                index.add(BlockInfo(key, parent, block_bytes, depth, stamp, stamp, count))
+            if observe is not None:
+                observe(count)
             parent = key
+        self._clock = stamp
         version = self._policy_rank_version()
         if version != self._rank_version:
             self._rank_version = version
-            self._index.rerank()
+            index.rerank()
         self._evict()
-        return hits
 
     def _policy_rank_version(self) -> int:
         return int(getattr(self.policy, "rank_version", 0))
-
-    def _touch(self, key: bytes, parent: bytes, depth: int, stamp: float) -> None:
-        index = self._index
-        info = index.get(key)
-        if info is not None:
-            info.last_access = stamp
-            info.access_count += 1
-            count = info.access_count
-            index.update(key)
-        else:
-            seen = self._history.recall(key)
-            count = 0 if seen is None else seen + 1
-            index.add(BlockInfo(key, parent, self.block_bytes, depth, stamp, stamp, count))
-        if self._observe is not None:
-            self._observe(count)
 
     def _evict(self) -> None:
         capacity = self.capacity_blocks

@@ -38,10 +38,15 @@ class VictimIndex:
     A block is evictable when no held block has it as parent, so chains are cut from the tail
     and a held block's whole prefix stays held; evictable blocks come out lowest ``rank`` first.
 
-    Invariant: every evictable block that ``eligible`` accepts has exactly one live entry in the
-    heap, the one ``_live`` records; any other entry is stale and skipped when it surfaces (lazy
-    deletion). ``rank`` must give a block the same value until ``update`` is called for it (a
-    rank that does not move with the clock): then the order is that of a full re-sort.
+    Blocks are ranked when the order is next read (``peek``, ``pop``), not as they change: a
+    block stored or read is mostly a chain's tail that the next block of the chain holds back
+    at once, and a tier that seldom evicts seldom ranks. Invariant: every evictable block that
+    ``eligible`` accepts either has exactly one live entry in the heap, the one ``_live``
+    records, or has no entry in ``_live`` and is listed in ``_unranked``; any other heap entry
+    is stale and skipped when it surfaces (lazy deletion). ``_unranked`` may also list blocks
+    no longer held or evictable, and a block more than once: ranking skips those. ``rank`` must
+    give a block the same value until ``update`` is called for it (a rank that does not move
+    with the clock): then the order is that of a full re-sort.
     """
 
     def __init__(
@@ -60,11 +65,9 @@ class VictimIndex:
             if parent != block_hash:
                 self._children[parent] = self._children.get(parent, 0) + 1
         self._live: dict[bytes, _Entry] = {}
-        for block_hash, info in self._blocks.items():
-            if block_hash not in self._children:
-                self._mark(info)
-        self._heap: list[_Entry] = list(self._live.values())
-        heapq.heapify(self._heap)
+        self._heap: list[_Entry] = []
+        self._unranked: list[BlockInfo] = []
+        self.rerank()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -77,7 +80,7 @@ class VictimIndex:
 
     @property
     def blocks(self) -> Mapping[bytes, BlockInfo]:
-        """The held blocks, read-only."""
+        """The held blocks, read-only (a live view: it follows every change)."""
         return MappingProxyType(self._blocks)
 
     def evictable(self, block_hash: bytes) -> bool:
@@ -87,30 +90,31 @@ class VictimIndex:
     def add(self, info: BlockInfo) -> None:
         """Holds a new block; its parent, if held, stops being evictable. ValueError if held."""
         block_hash = info.block_hash
-        if block_hash in self._blocks:
+        blocks = self._blocks
+        if block_hash in blocks:
             raise ValueError(f"block {block_hash.hex()} is already held")
-        self._blocks[block_hash] = info
+        blocks[block_hash] = info
         parent = info.parent_hash
         if parent != block_hash:
-            self._children[parent] = self._children.get(parent, 0) + 1
-            self._live.pop(parent, None)
-        if block_hash not in self._children:
-            self._push(info)
+            children = self._children
+            children[parent] = children.get(parent, 0) + 1
+            if self._live:
+                self._live.pop(parent, None)
+        self._list_unranked(info)
 
     def update(self, block_hash: bytes) -> None:
         """Ranks the block again after its metadata changed in place (a read, say)."""
         info = self._blocks[block_hash]
         if block_hash not in self._children:
-            self._push(info)
+            self._live.pop(block_hash, None)
+            self._list_unranked(info)
 
     def rerank(self) -> None:
         """Ranks every evictable block again, for a rank whose parameters changed."""
         self._live.clear()
-        for block_hash, info in self._blocks.items():
-            if block_hash not in self._children:
-                self._mark(info)
-        self._heap = list(self._live.values())
-        heapq.heapify(self._heap)
+        self._heap = []
+        children = self._children
+        self._unranked = [info for h, info in self._blocks.items() if h not in children]
 
     def remove(self, block_hash: bytes) -> BlockInfo:
         """Forgets a held block (KeyError if not held); a parent left with no held child becomes
@@ -126,11 +130,12 @@ class VictimIndex:
                 del self._children[parent]
                 parent_info = self._blocks.get(parent)
                 if parent_info is not None:
-                    self._push(parent_info)
+                    self._list_unranked(parent_info)
         return info
 
     def peek(self) -> BlockInfo | None:
         """The next victim, left in place; None when no eligible block is evictable."""
+        self._rank_unranked()
         heap = self._heap
         while heap:
             entry = heap[0]
@@ -141,6 +146,7 @@ class VictimIndex:
 
     def pop(self) -> BlockInfo | None:
         """Removes and returns the next victim; None when no eligible block is evictable."""
+        self._rank_unranked()
         heap = self._heap
         while heap:
             entry = heapq.heappop(heap)
@@ -148,21 +154,40 @@ class VictimIndex:
                 return self.remove(entry[2])
         return None
 
-    def _mark(self, info: BlockInfo) -> _Entry | None:
-        if self._eligible is not None and not self._eligible(info):
-            return None
-        entry = (self._rank(info), -info.depth, info.block_hash)
-        self._live[info.block_hash] = entry
-        return entry
+    def _list_unranked(self, info: BlockInfo) -> None:
+        unranked = self._unranked
+        unranked.append(info)
+        # A tier that never reads its order would list every block it ever stored.
+        if len(unranked) > 2 * len(self._blocks) + _COMPACT_SLACK:
+            self._rank_unranked()
 
-    def _push(self, info: BlockInfo) -> None:
-        entry = self._mark(info)
-        if entry is None:
+    def _rank_unranked(self) -> None:
+        """Gives every evictable block listed in ``_unranked`` its live entry."""
+        unranked = self._unranked
+        if not unranked:
             return
-        heapq.heappush(self._heap, entry)
-        if len(self._heap) > 2 * len(self._live) + _COMPACT_SLACK:
-            self._heap = list(self._live.values())
+        self._unranked = []
+        rank, eligible = self._rank, self._eligible
+        blocks, children, live = self._blocks, self._children, self._live
+        entries = []
+        for info in unranked:
+            block_hash = info.block_hash
+            # Listed again since, no longer held (or held anew as another object), or holding
+            # a child back: nothing to rank.
+            if block_hash in live or block_hash in children or blocks.get(block_hash) is not info:
+                continue
+            if eligible is None or eligible(info):
+                entry = (rank(info), -info.depth, block_hash)
+                live[block_hash] = entry
+                entries.append(entry)
+        heap = self._heap
+        if len(heap) + len(entries) > 2 * len(live) + _COMPACT_SLACK or len(entries) > len(heap):
+            # Many new entries, or mostly stale ones: one heapify of the live ones is cheaper.
+            self._heap = list(live.values())
             heapq.heapify(self._heap)
+        else:
+            for entry in entries:
+                heapq.heappush(heap, entry)
 
 
 def tail_first_victims(

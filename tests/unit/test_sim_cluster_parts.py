@@ -13,7 +13,7 @@ from crescent.sim.catalogue import Catalogue
 from crescent.sim.cli import POLICIES
 from crescent.sim.costs import KV_BYTES_PER_TOKEN, LOCAL_DECODE, LOCAL_PREFILL, cost_model
 from crescent.sim.nodes import DecodeNode, Job
-from crescent.sim.pool import BlockPool
+from crescent.sim.pool import BlockPool, block_key
 from services.scheduler.cluster import NodeLoad
 from services.scheduler.timing import StepCoefficients, decode_step_seconds, prefill_seconds
 from services.tierd.policy import POLICIES as TIERD_POLICIES
@@ -102,9 +102,9 @@ def test_catalogue_answers_what_asking_every_pool_answers() -> None:
         ids = rng.choice(chains)
         node_id = rng.choice(sorted(pools))
         pools[node_id].access(ids, float(step))
-        catalogue.stored(node_id, ids)
+        catalogue.stored(node_id, [block_key(i) for i in ids])
         asked = rng.choice(chains)
-        match = catalogue.match(asked)
+        match = catalogue.match([block_key(i) for i in asked])
         answered = {h.node_id: h.num_blocks for h in match.holders}
         for node, pool in pools.items():
             held = pool.lookup(asked)

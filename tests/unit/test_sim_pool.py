@@ -97,6 +97,33 @@ def test_a_learning_policy_s_order_stays_its_own_after_it_relearns() -> None:
     assert getattr(pool.policy, "rank_version", 0) >= 2 and checked == 60
 
 
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_pool_that_defers_its_index_until_it_fills_serves_as_one_that_does_not(
+    name: str,
+) -> None:
+    rng = random.Random(f"defer-{name}")
+    for capacity in (0, 1, 7, 40, 150, None):
+        trace = random_trace(rng, 300)
+        deferred, direct = BlockPool(capacity, name), BlockPool(capacity, name, defer=False)
+        for t, ids in enumerate(trace):
+            now = float(t // 3)  # equal times too: the blocks' own ticks order them
+            assert deferred.access(ids, now) == direct.access(ids, now)
+            assert len(deferred) == len(direct) and deferred.evictions == direct.evictions
+            assert all((h in deferred) == (h in direct) for h in ids)
+            if rng.random() < 0.01:  # reading the order replays the log early
+                assert deferred.next_victim() == direct.next_victim()
+        assert (deferred.hits, deferred.requested) == (direct.hits, direct.requested)
+        assert _as_tuples(deferred) == _as_tuples(direct)
+        assert deferred.next_victim() == direct.next_victim()
+
+
+def _as_tuples(pool: BlockPool) -> dict[bytes, tuple[object, ...]]:
+    return {
+        key: (i.parent_hash, i.depth, i.created_at, i.last_access, i.access_count)
+        for key, i in pool.infos.items()
+    }
+
+
 def test_without_a_capacity_nothing_is_evicted() -> None:
     rng = random.Random(9)
     trace = random_trace(rng, 200)

@@ -8,6 +8,8 @@ capacity: the cache side of ``crescent sim``, reproducible with
 A hit is a block found as part of a request's cached prefix; the hit rate is hits ÷ blocks
 requested. ``--measure seconds`` weighs each hit by the recompute time it saves instead (the
 share of all prefill recompute seconds saved, by tierd's default ``RecomputeModel``).
+``oracle-returns`` is a reference, not a policy: it knows whether each block is asked for
+again, but not when (``belady.ReturnOraclePool``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from crescent.sim.belady import OptimalPool
+from crescent.sim.belady import OptimalPool, ReturnOraclePool
 from crescent.sim.pool import BlockPool, HitCounters
 from crescent.sim.synthetic import WORKLOADS
 from crescent.traces import CONVERSATION_TRACE, TraceRecord, load_trace
@@ -34,7 +36,9 @@ OPTIMUM = "belady"
 PLAIN_LRU = "plain-lru"
 #: The optimum with ties in next use broken toward the shallower block (a worse bound).
 SHALLOW_TIES = "belady-shallower"
-POLICY_NAMES = (*POLICIES, OPTIMUM, PLAIN_LRU, SHALLOW_TIES)
+#: Knows whether each block is asked for again, not when.
+RETURN_ORACLE = "oracle-returns"
+POLICY_NAMES = (*POLICIES, OPTIMUM, PLAIN_LRU, SHALLOW_TIES, RETURN_ORACLE)
 DEFAULT_POLICIES = (*POLICIES, OPTIMUM)
 DEFAULT_CAPACITIES = "1000,10000,30000,50000,100000,inf"
 
@@ -102,9 +106,11 @@ def replay(
     started = time.perf_counter()
     requests = [r.hash_ids for r in records]
     weight = _weights(measure, max((len(ids) for ids in requests), default=0))
-    pool: BlockPool | OptimalPool | PlainLru
+    pool: BlockPool | OptimalPool | PlainLru | ReturnOraclePool
     if policy in (OPTIMUM, SHALLOW_TIES):
         pool = OptimalPool(requests, capacity_blocks, deeper_first=policy == OPTIMUM)
+    elif policy == RETURN_ORACLE:
+        pool = ReturnOraclePool(requests, capacity_blocks)
     elif policy == PLAIN_LRU:
         pool = PlainLru(capacity_blocks)
     else:

@@ -4,7 +4,9 @@
 
 For every block request: whether the same block is requested again later, and after how long,
 grouped by how often the block had been requested before (what a policy can count) and, for
-first sightings, by depth in the prompt (what a policy can see of a new block).
+first sightings, by what a policy can see of a new block: its depth in the prompt, whether it
+ends the prompt, and how many of the prompt's leading blocks were seen before (a prompt whose
+first two or more blocks were seen continues an earlier one, as a conversation's next turn).
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from crescent.sim.synthetic import WORKLOADS
 from crescent.traces import CONVERSATION_TRACE, TraceRecord, load_trace
 
 _DEPTHS = (1, 3, 7, 15, 31, 63, 127)  # upper bounds of the depth groups
-Key = Callable[[int, int], "tuple[int, str] | None"]
+#: (times requested before, depth, the prompt's length, its leading blocks seen before) to
+#: (order, name) of the block request's group, or None to leave it out.
+Key = Callable[[int, int, int, int], "tuple[int, str] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +53,15 @@ def _group(name: str, gaps: list[float], requests: int) -> ReturnGroup:
 
 
 def return_groups(records: Sequence[TraceRecord], key: Key) -> list[ReturnGroup]:
-    """Groups of block requests by ``key(times requested before, depth)``: (order, name), or
-    None to leave the request out."""
+    """Groups of block requests by ``key`` (see ``Key``)."""
     seen: Counter[int] = Counter()
     events: list[tuple[int, float, tuple[int, str] | None]] = []
     for record in records:
         t = record.timestamp_ms / 1000
-        for depth, hash_id in enumerate(record.hash_ids):
-            events.append((hash_id, t, key(seen[hash_id], depth)))
+        ids = record.hash_ids
+        leading = next((i for i, h in enumerate(ids) if h not in seen), len(ids))
+        for depth, hash_id in enumerate(ids):
+            events.append((hash_id, t, key(seen[hash_id], depth, len(ids), leading)))
             seen[hash_id] += 1
     upcoming: dict[int, float] = {}
     requests: Counter[tuple[int, str]] = Counter()
@@ -73,11 +78,21 @@ def return_groups(records: Sequence[TraceRecord], key: Key) -> list[ReturnGroup]
     return [_group(name[1], gaps[name], requests[name]) for name in sorted(requests)]
 
 
-def by_reads(before: int, depth: int) -> tuple[int, str]:
+def by_reads(before: int, depth: int, length: int, leading: int) -> tuple[int, str]:
     return (before, f"seen {before} times before") if before < 4 else (4, "seen 4+ times before")
 
 
-def by_first_depth(before: int, depth: int) -> tuple[int, str] | None:
+def by_prompt(before: int, depth: int, length: int, leading: int) -> tuple[int, str] | None:
+    if before:
+        return None
+    if depth == length - 1:
+        return (3, "new, last block of its prompt")
+    if leading >= 2:
+        return (2, "new, the prompt's first 2+ blocks seen")
+    return (leading, "new, the prompt's first block seen" if leading else "new, a new prompt")
+
+
+def by_first_depth(before: int, depth: int, length: int, leading: int) -> tuple[int, str] | None:
     if before:
         return None
     for i, bound in enumerate(_DEPTHS):
@@ -100,6 +115,7 @@ def summary(records: Sequence[TraceRecord]) -> dict[str, object]:
         "blocks_per_s": blocks / span_s if span_s else 0.0,
         "by_reads": [asdict(g) for g in return_groups(records, by_reads)],
         "by_first_depth": [asdict(g) for g in return_groups(records, by_first_depth)],
+        "by_prompt": [asdict(g) for g in return_groups(records, by_prompt)],
     }
 
 
@@ -108,7 +124,7 @@ def _print(report: dict[str, object]) -> None:
         print(f"{key}: {report[key]}")
     print(f"first sightings: {report['first_sightings_share']:.1%} of block requests")
     print(f"{report['blocks_per_s']:.1f} blocks/s over {report['span_s']:.0f} s")
-    for section in ("by_reads", "by_first_depth"):
+    for section in ("by_reads", "by_first_depth", "by_prompt"):
         print(f"\n| {section} | requests | returned | gap p10 | p50 | p90 |")
         print("|---|---:|---:|---:|---:|---:|")
         for g in report[section]:  # type: ignore[attr-defined]

@@ -9,12 +9,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from services.tierd.policy import BlockInfo, EvictionPolicy, admits, chain_depths
+from services.tierd.reuse import HISTORY_PER_BLOCK, AccessHistory
 from shared.kv.block_file import BlockHeader
 from shared.kv.tiers import LOWER_TIERS, NVME, S3
 
 __all__ = ["NVME", "S3", "TIERS", "Held", "Holdings"]
 #: The tiers below DRAM, fastest first: blocks move down this list and are read up it.
 TIERS = LOWER_TIERS
+#: Dropped blocks remembered at least, however few are held.
+MIN_HISTORY = 1024
 
 
 @dataclass(slots=True)
@@ -33,7 +36,10 @@ class Holdings:
     Invariants: a block is in ``blocks`` iff some tier holds it; ``quota_used[k]`` is the sum
     of ``num_bytes`` over the blocks of quota key ``k`` (each block once, however many tiers
     hold it), and keys with no bytes held are absent. Victims and expired blocks are chosen so
-    that no held block loses a block of its prefix (a read stops at the first gap).
+    that no held block loses a block of its prefix (a read stops at the first gap). The use of
+    the last ``HISTORY_PER_BLOCK`` dropped blocks per block held (``MIN_HISTORY`` at least) is
+    remembered, so a block that comes back starts from its old count plus one, as in the
+    simulator's pool.
     """
 
     def __init__(self, policy: EvictionPolicy) -> None:
@@ -42,6 +48,7 @@ class Holdings:
         self._observe: Callable[[int], None] | None = getattr(policy, "observe", None)
         self.blocks: dict[bytes, Held] = {}
         self.quota_used: dict[bytes, int] = {}
+        self.history = AccessHistory(MIN_HISTORY)
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.blocks
@@ -51,15 +58,18 @@ class Holdings:
         return set(held.tiers) if held is not None else set()
 
     def add(self, header: BlockHeader, tier: str, now: float) -> None:
-        """Records a copy in ``tier``; a block new to tierd starts as just used."""
+        """Records a copy in ``tier``; a block new to tierd starts as just used (and, if it was
+        dropped lately, with the count it had then, plus this use)."""
         held = self.blocks.get(header.block_hash)
         if held is None:
-            held = self.blocks[header.block_hash] = Held(header, last_access=now)
+            count = self._count_on_return(self.history.recall(header.block_hash))
+            held = Held(header, last_access=now, access_count=count)
+            self.blocks[header.block_hash] = held
             key = header.quota_key
             if header.num_bytes > 0:
                 self.quota_used[key] = self.quota_used.get(key, 0) + header.num_bytes
             if self._observe is not None:
-                self._observe(0)
+                self._observe(count)
         held.tiers.add(tier)
 
     def remove(self, block_hash: bytes, tier: str) -> bool:
@@ -71,6 +81,8 @@ class Holdings:
         if held.tiers:
             return False
         del self.blocks[block_hash]
+        self.history.capacity = max(HISTORY_PER_BLOCK * len(self.blocks), MIN_HISTORY)
+        self.history.remember(block_hash, held.access_count)
         key = held.header.quota_key
         left = self.quota_used.get(key, 0) - held.header.num_bytes
         if left > 0:
@@ -123,12 +135,17 @@ class Holdings:
             depth=depths[parent] + 1 if parent in self.blocks else 0,
             created_at=now,
             last_access=now,
-            access_count=0,  # as a block new to tierd starts (``add``)
+            access_count=self._count_on_return(self.history.peek(header.block_hash)),
             quota_key=header.quota_key,
         )
         infos = self._infos(None)
         displaced = [infos[h] for h in victims if h in infos]
         return admits(self.policy, candidate, displaced, now)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _count_on_return(remembered: int | None) -> int:
+        """A block new to tierd starts unread; one dropped and back has been used once more."""
+        return 0 if remembered is None else remembered + 1
 
     def over_quota(self, quota_key: bytes, incoming_bytes: int, quota_bytes: int) -> int:
         """Bytes the tenant must give up before ``incoming_bytes`` more fit its quota."""

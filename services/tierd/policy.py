@@ -30,6 +30,7 @@ __all__ = [
     "LfuPolicy",
     "LruPolicy",
     "Rank",
+    "RankedPolicy",
     "RecomputeAwarePolicy",
     "RecomputeModel",
     "ReuseStatistics",
@@ -58,7 +59,7 @@ class EvictionPolicy(Protocol):
         ...
 
 
-class _RankedPolicy:
+class RankedPolicy:
     """A policy given by a rank per block (lower is evicted first)."""
 
     name: str
@@ -79,7 +80,7 @@ class _RankedPolicy:
         return tail_first_victims(blocks, need_bytes, lambda i: self.rank(i, now), quota_key)
 
 
-class LruPolicy(_RankedPolicy):
+class LruPolicy(RankedPolicy):
     """Least recently used first."""
 
     name = "lru"
@@ -88,7 +89,7 @@ class LruPolicy(_RankedPolicy):
         return (info.last_access,)
 
 
-class LfuPolicy(_RankedPolicy):
+class LfuPolicy(RankedPolicy):
     """Least frequently used first; among equally used, least recently used."""
 
     name = "lfu"
@@ -119,7 +120,7 @@ class RecomputeModel:
         return self.seconds(info.depth) / max(info.num_bytes, 1)
 
 
-class RecomputeAwarePolicy(_RankedPolicy):
+class RecomputeAwarePolicy(RankedPolicy):
     """Cheapest to recompute per byte first (shallow blocks: little context); among equals,
     least recently used."""
 
@@ -132,7 +133,7 @@ class RecomputeAwarePolicy(_RankedPolicy):
         return (self.model.seconds_per_byte(info), info.last_access)
 
 
-class CrescentPolicy(_RankedPolicy):
+class CrescentPolicy(RankedPolicy):
     """Lowest expected value per byte first: for a block read k times,
 
         value = P(read again | k) · 2^(−age / half_life_s) · seconds^cost_weight / num_bytes
@@ -219,7 +220,7 @@ class CrescentPolicy(_RankedPolicy):
         return (log_value, info.last_access)
 
 
-POLICIES: dict[str, Callable[..., _RankedPolicy]] = {
+POLICIES: dict[str, Callable[..., RankedPolicy]] = {
     "lru": LruPolicy,
     "lfu": LfuPolicy,
     "recompute": RecomputeAwarePolicy,
@@ -238,7 +239,7 @@ def make_policy(name: str, **params: Any) -> EvictionPolicy:
 
 
 def admits(
-    policy: _RankedPolicy, candidate: BlockInfo, displaced: Iterable[BlockInfo], now: float
+    policy: RankedPolicy, candidate: BlockInfo, displaced: Iterable[BlockInfo], now: float
 ) -> bool:
     """Admission: a block is worth storing when the policy ranks it above every block it
     would displace (nothing displaced: always). Keeps a cold block from pushing out hot ones."""

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+#: Dropped blocks a tier remembers per block it holds (see ``AccessHistory``). Most of what
+#: ``crescent`` finds beyond LRU comes from this memory, and a longer one finds less: a block
+#: back after that long is no likelier to come back again (docs/benchmarks.md, "Cache
+#: policies in the simulator").
+HISTORY_PER_BLOCK = 4
+
 
 class AccessHistory:
     """Remembers how often the tier's most recently dropped blocks had been used, so a block
     that comes back counts as reused rather than new (the ghost entries of 2Q and ARC).
 
     Invariant: at most ``capacity`` blocks are remembered (None: no limit, 0: none); when full,
-    the block dropped longest ago is forgotten first.
+    the block dropped longest ago is forgotten first. ``capacity`` may be changed at any
+    time; the memory is trimmed to it on the next ``remember``.
     """
 
     def __init__(self, capacity: int | None) -> None:
@@ -27,11 +34,17 @@ class AccessHistory:
 
     def remember(self, block_hash: bytes, access_count: int) -> None:
         if self.capacity == 0:
+            self._counts.clear()
             return
         self._counts[block_hash] = access_count
         self._counts.move_to_end(block_hash)
-        if self.capacity is not None and len(self._counts) > self.capacity:
-            self._counts.popitem(last=False)
+        if self.capacity is not None:
+            while len(self._counts) > self.capacity:
+                self._counts.popitem(last=False)
+
+    def peek(self, block_hash: bytes) -> int | None:
+        """The dropped block's access count, still remembered; None if unknown."""
+        return self._counts.get(block_hash)
 
     def recall(self, block_hash: bytes) -> int | None:
         """The dropped block's access count, forgotten as it is recalled; None if unknown."""

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from services.tierd import holdings
 from services.tierd.holdings import NVME, S3, Holdings
-from services.tierd.policy import CrescentPolicy
+from services.tierd.policy import CrescentPolicy, LfuPolicy, LruPolicy
 from services.tierd.reuse import EVEN_CHANCE, AccessHistory, ReuseStatistics
 from tests.tierd.infos import h
 from tests.tierd.test_holdings import header
@@ -84,3 +85,59 @@ def test_tierd_s_holdings_teach_a_learning_policy() -> None:
     held.add(header("b"), NVME, now=1)
     held.touch([h("a"), h("a"), h("gone")], now=2)
     assert policy.reuse.reached[:3] == [2.0, 1.0, 1.0]
+
+
+def test_the_history_peeks_and_shrinks_to_a_new_capacity() -> None:
+    history = AccessHistory(4)
+    for i in range(4):
+        history.remember(h(f"b{i}"), i)
+    assert history.peek(h("b3")) == 3 and len(history) == 4  # peeking forgets nothing
+    history.capacity = 2
+    history.remember(h("b4"), 4)  # trimmed to the new capacity, oldest first
+    assert len(history) == 2 and history.peek(h("b2")) is None
+    assert history.peek(h("b3")) == 3 and history.peek(h("b4")) == 4
+    history.capacity = 0
+    history.remember(h("b5"), 5)
+    assert len(history) == 0 and history.recall(h("b4")) is None
+
+
+def test_a_block_dropped_by_tierd_comes_back_with_its_count() -> None:
+    policy = CrescentPolicy()
+    held = Holdings(policy)
+    held.add(header("a"), NVME, now=0)
+    held.touch([h("a"), h("a")], now=1)  # read twice
+    assert held.remove(h("a"), NVME)  # its last copy: dropped, its use remembered
+    assert held.history.peek(h("a")) == 2
+    # Admission prices it as it will start: used once more than before it was dropped.
+    hot = Holdings(LfuPolicy())
+    hot.history.remember(h("a"), 2)
+    hot.add(header("b"), NVME, now=0)
+    hot.touch([h("b")] * 2, now=1)  # read twice: a newcomer read never ranks below it
+    assert hot.admits(header("a"), [h("b")], now=2)
+    assert hot.history.peek(h("a")) == 2  # the admission test forgets nothing
+    assert not hot.admits(header("c"), [h("b")], now=2)
+    held.add(header("a"), S3, now=5)
+    assert held.blocks[h("a")].access_count == 3
+    assert held.history.peek(h("a")) is None  # recalled: forgotten
+    # The policy saw it stored, read twice, and come back as a third use.
+    assert policy.reuse.reached[:4] == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_tierd_remembers_a_few_dropped_blocks_per_block_it_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(holdings, "MIN_HISTORY", 3)
+    held = Holdings(LruPolicy())
+    for i in range(4):
+        held.add(header(f"x{i}"), NVME, now=i)
+    for i in range(4):
+        held.remove(h(f"x{i}"), NVME)
+    # At most HISTORY_PER_BLOCK per block still held, never fewer than MIN_HISTORY.
+    assert len(held.history) == 3
+    assert held.history.peek(h("x0")) is None and held.history.peek(h("x3")) == 0
+    for i in range(2):
+        held.add(header(f"y{i}"), NVME, now=10)
+    held.add(header("z"), NVME, now=10)
+    held.remove(h("z"), NVME)
+    assert held.history.capacity == holdings.HISTORY_PER_BLOCK * 2
+    assert len(held.history) == 4

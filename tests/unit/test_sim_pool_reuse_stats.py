@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from crescent.sim.reuse_stats import by_first_depth, by_reads, main, return_groups, summary
+from crescent.sim.reuse_stats import (
+    by_first_depth,
+    by_prompt,
+    by_reads,
+    main,
+    return_groups,
+    summary,
+)
 from crescent.traces import TraceRecord
 from tests.unit.sim_traces import HAND_TRACE
 
@@ -39,6 +46,24 @@ def test_new_blocks_by_depth_and_the_summary() -> None:
     report = summary(_records())
     assert report["blocks_requested"] == 13 and report["distinct_blocks"] == 5
     assert report["first_sightings_share"] == pytest.approx(5 / 13)
+
+
+def test_new_blocks_by_what_their_prompt_shows() -> None:
+    # [1, 2, 3] is all new; [1, 4] and [1, 2, 5] only add their last block.
+    groups = {g.group: (g.requests, g.returned) for g in return_groups(_records(), by_prompt)}
+    assert groups == {
+        "new, a new prompt": (2, 2),  # 1 and 2, both back
+        "new, last block of its prompt": (3, 2),  # 3 and 4 come back, 5 does not
+    }
+    turns = [[1, 2], [1, 3, 4], [1, 3, 5, 6], [1, 3, 5, 7]]
+    records = [TraceRecord(t * 1000, 2048, 1, tuple(ids)) for t, ids in enumerate(turns)]
+    groups = {g.group: (g.requests, g.returned) for g in return_groups(records, by_prompt)}
+    assert groups == {
+        "new, a new prompt": (1, 1),  # 1
+        "new, the prompt's first block seen": (1, 1),  # 3, after 1
+        "new, the prompt's first 2+ blocks seen": (1, 1),  # 5, after 1 and 3
+        "new, last block of its prompt": (4, 0),  # 2, 4, 6 and 7
+    }
 
 
 def test_main_prints_json(capsys: pytest.CaptureFixture[str]) -> None:

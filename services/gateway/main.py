@@ -67,6 +67,7 @@ class GatewayService:
             s.max_model_len or files.config.max_position_embeddings,
             s.max_n,
         )
+        builder.grammars  # noqa: B018 - built now, not on the first structured request
         recovery = RecoveryPolicy(stall_timeout_s=s.stall_timeout_s, max_resumes=s.max_resumes)
         limits = Limits(s.first_token_timeout_s, s.request_timeout_s, recovery)
         completions = Completions(self.dispatcher, tokenizer, limits, s.max_in_flight)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from functools import cached_property
 
 from services.gateway import errors
 from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from services.gateway.structured import requested_grammar
 from services.gateway.validation import (
     CHAT_UNSUPPORTED,
     COMPLETION_UNSUPPORTED,
@@ -18,6 +20,7 @@ from services.gateway.validation import (
 )
 from shared.errors import InvalidRequestError, PromptTooLongError
 from shared.messages import GenerateRequest, SamplingSpec
+from shared.model.grammar import Grammars
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -90,6 +93,12 @@ class RequestBuilder:
         self.max_model_len = max_model_len
         self.max_n = max_n
 
+    @cached_property
+    def grammars(self) -> Grammars:
+        """Checks structured-output grammars against the served vocabulary."""
+        eos = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
+        return Grammars(self.tokenizer.backend_json(), self.tokenizer.vocab_size, eos)
+
     def chat(self, body: ChatCompletionRequest, tenant: str) -> PreparedRequest:
         self.check_model(body.model)
         reject_unsupported(body, CHAT_UNSUPPORTED)
@@ -104,6 +113,10 @@ class RequestBuilder:
         return self._prepare(
             "chatcmpl", "chat", body, tenant, common, [(prompt, max_tokens)], logprobs
         )
+
+    def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> str:
+        asked = requested_grammar(body, self.grammars)
+        return "" if asked is None else asked[0]
 
     def completion(self, body: CompletionRequest, tenant: str) -> PreparedRequest:
         self.check_model(body.model)
@@ -220,12 +233,15 @@ class RequestBuilder:
         logprobs: int | None,
     ) -> PreparedRequest:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
+        grammar = self._grammar(body)
         now = time.time()
         choices = []
         for p, (prompt, max_tokens) in enumerate(prompts):
             for j in range(common.n):
                 index = p * common.n + j
-                sampling = _sampling(body, max_tokens, logprobs, j, self.tokenizer.vocab_size)
+                sampling = _sampling(
+                    body, max_tokens, logprobs, j, self.tokenizer.vocab_size, grammar
+                )
                 request = GenerateRequest(
                     request_id=f"{request_id}-{index}",
                     tenant=tenant,

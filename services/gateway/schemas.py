@@ -10,7 +10,7 @@ admits only that value. Ranges checked in ``requests`` are stated in the schema 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,6 +28,43 @@ def _refused(*neutral: Any) -> Any:
         default=None,
         json_schema_extra={"enum": [None, *neutral], "description": "Not supported."},
     )
+
+
+class JsonSchemaSpec(_Strict):
+    """``response_format.json_schema``: the schema the answer must satisfy."""
+
+    name: str
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class TextFormat(_Strict):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Strict):
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(_Strict):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormat = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
+
+
+class StructuredOutputs(_Strict):
+    """vLLM's ``structured_outputs``: exactly one constraint on the generated text."""
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 class StreamOptions(_Strict):
@@ -76,6 +113,12 @@ class _Generation(_Strict):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = Field(default=None, json_schema_extra={"maxItems": 1024})
+    # Structured outputs, vLLM's way (``response_format`` is OpenAI's, chat only).
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # Not supported unless they carry their neutral value.
     prompt_cache_key: Any = _refused()
     service_tier: Any = _refused("auto", "default")
@@ -95,7 +138,7 @@ class ChatCompletionRequest(_Generation):
     parallel_tool_calls: bool | None = None
     functions: Any = _refused([])
     function_call: Any = _refused("none")
-    response_format: Any = _refused({"type": "text"})
+    response_format: ResponseFormat | None = None
     audio: Any = _refused()
     modalities: Any = _refused(["text"])
     prediction: Any = _refused()

@@ -172,7 +172,15 @@ def test_stop_cache_salt_and_stream_options(builder: RequestBuilder) -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": -3}, "max_completion_tokens"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"not": {}}},
+                }
+            },
+            "response_format",
+        ),
         ({"logit_bias": {"5": 101}}, "logit_bias"),
         ({"logit_bias": {"token": 1}}, "logit_bias"),
         ({"logit_bias": {"99999999": 1}}, "logit_bias"),

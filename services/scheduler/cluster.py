@@ -123,15 +123,21 @@ class ClusterView:
 
     def update(self, node: NodeLoad) -> None:
         """Takes a node's heartbeat (a new ``NodeLoad``, or the same one with new values)."""
-        old = self.nodes.get(node.node_id)
-        node.finishing = tuple(sorted(node.finishing))
-        self.nodes[node.node_id] = node
-        self._count_bandwidth(old, -1)
-        self._count_bandwidth(node, +1)
+        node_id = node.node_id
+        old = self.nodes.get(node_id)
+        if node.finishing or type(node.finishing) is not tuple:
+            node.finishing = tuple(sorted(node.finishing))
+        self.nodes[node_id] = node
+        if old is not None and old.fetch_bandwidth:
+            self._count_bandwidth(old, -1)
+        if node.fetch_bandwidth:
+            self._count_bandwidth(node, +1)
         if old is not None and old.epoch != node.epoch:
-            self._forget_placed(node.node_id)
-        elif node.node_id in self._arrivals:
-            self._unindex(self._arrivals[node.node_id].drop_until(node.last_seen))
+            self._forget_placed(node_id)
+        else:
+            arrivals = self._arrivals.get(node_id)
+            if arrivals is not None and arrivals.entries:
+                self._unindex(arrivals.drop_until(node.last_seen))
         self._reindex(node)
 
     def _reindex(self, node: NodeLoad) -> None:
@@ -234,6 +240,10 @@ class ClusterView:
         found = self._arrivals.get(node_id)
         return found if found is not None else Arrivals()
 
+    def arriving(self, node_id: str) -> Arrivals | None:
+        """``arrivals(node_id)``, None when nothing is on its way there (read only)."""
+        return self._arrivals.get(node_id)
+
     def arriving_by(self, node_id: str, t: float) -> tuple[int, int]:
         """``arrivals(node_id).by(t)``."""
         found = self._arrivals.get(node_id)
@@ -295,7 +305,7 @@ class ClusterView:
         transfer layer is taken to carry: the mean of its pulls from pools, else of the
         cluster's, else the default. Pulls from lower tiers are left out (a slow disk says
         nothing of the network)."""
-        own = _pool_bandwidths(node)
+        own = _pool_bandwidths(node) if node.fetch_bandwidth else None
         if own:
             return sum(own) / len(own)
         total, count = self._bandwidth_sum

@@ -58,8 +58,12 @@ def forecast(
     """``node``'s load at ``at`` (see the module docstring). KV counts every placed request
     still on its way, due by ``at`` or not: their blocks are spoken for either way."""
     coef = view.timing.coefficients(node.node_id, "decode")
-    arrivals = view.arrivals(node.node_id)
-    come, come_tokens = arrivals.by(at)
+    arrivals = view.arriving(node.node_id)
+    if arrivals is None:
+        come = come_tokens = spoken_for = 0
+    else:
+        come, come_tokens = arrivals.by(at)
+        spoken_for = arrivals.blocks
     bs = node.block_size
     batch = node.running_seqs + come + 1
     context = max(node.total_blocks - node.free_blocks, 0) * bs + come_tokens
@@ -73,7 +77,7 @@ def forecast(
     # Every sequence that stays adds a token per step, and on average a block per block_size.
     context = max(context - gone_tokens, 0) + staying * steps
     grown_blocks = -(-(staying * steps) // bs)
-    free = node.free_blocks - arrivals.blocks - grown_blocks + gone_blocks
+    free = node.free_blocks - spoken_for - grown_blocks + gone_blocks
     return DecodeForecast(
         node_id=node.node_id,
         at=at,

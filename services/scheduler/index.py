@@ -42,7 +42,8 @@ def load_of(node: NodeLoad) -> int:
 
 def measures_links(node: NodeLoad) -> bool:
     """Whether ``node`` measured a pull: then its fetch times are its own, not its class's."""
-    return any(bw > 0 for bw in node.fetch_bandwidth.values())
+    links = node.fetch_bandwidth
+    return bool(links) and any(bw > 0 for bw in links.values())
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Protocol
 
 from services.scheduler.cluster import TIERD, ClusterView, NodeLoad
@@ -26,6 +27,8 @@ _TIER_ORDER = {DRAM: 0, NVME: 1, S3: 2}
 
 #: A holder of cached blocks: (node id, tier).
 Holder = tuple[str, str]
+#: The links a node that measured none measured (read only).
+_NONE: Mapping[str, float] = MappingProxyType({})
 #: A pull worth pricing: (leading blocks cached after it, source, tier, fetch seconds). A
 #: plain tuple: placement makes one per holder length for every node it prices.
 Option = tuple[int, str, str, float]
@@ -153,7 +156,8 @@ def options(
         return out
     transfer = view.fallback_bandwidth(node)
     me = node.node_id
-    measured = {s: bw for s, bw in node.fetch_bandwidth.items() if bw > 0 and s != me}
+    links = node.fetch_bandwidth
+    measured = {s: bw for s, bw in links.items() if bw > 0 and s != me} if links else _NONE
     block_bytes = view.block_bytes(node)
     overhead = view.costs.pull_overhead_s
     for group in groups:

@@ -231,4 +231,7 @@ def queue_seconds(coef: StepCoefficients, queued_tokens: int, max_batched_tokens
 def decode_step_seconds(coef: StepCoefficients, batch: int, context_tokens: int) -> float:
     """Predicted time between tokens: one decode step of ``batch`` sequences over
     ``context_tokens`` cached tokens in all."""
-    return coef.step_seconds(batch, batch, context_tokens)
+    # ``coef.step_seconds(batch, batch, context_tokens)``, the same operations in the same
+    # order, inline: placement bounds every group of decode nodes with it.
+    attention = batch * (context_tokens + batch / 2) / max(batch, 1)
+    return coef.base_s + coef.per_token_s * batch + coef.per_attention_s * attention

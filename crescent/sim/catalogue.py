@@ -10,7 +10,7 @@ checked only for the pools placement asks about.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from crescent.sim.pool import BlockPool
@@ -59,10 +59,17 @@ class Match:
     common: FirstBlockHolders | None
 
 
+def matched_by(prompts: Iterable[Sequence[bytes]]) -> set[bytes]:
+    """The blocks whose bits ``Catalogue.match`` reads for these prompts: each one's first
+    two. A simulation that knows its prompts in advance stores only those."""
+    return {key for keys in prompts for key in keys[:2]}
+
+
 class Catalogue:
     """Owns a bit per (pool, block) for every block a pool stored since its bit was last
     cleared. Invariant: a pool holding a block has its bit set; bits are in node id order.
-    Blocks are named as the pools name them (``pool.block_key`` of their hash ids)."""
+    Blocks are named as the pools name them (``pool.block_key`` of their hash ids); the bits
+    of blocks no prompt is matched by (``matched_by``) may be left unstored."""
 
     def __init__(self, pools: Mapping[str, BlockPool]) -> None:
         self.ids = sorted(pools)

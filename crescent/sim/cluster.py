@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from crescent.sim.catalogue import Catalogue
+from crescent.sim.catalogue import Catalogue, matched_by
 from crescent.sim.costs import CostModel, cost_model
 from crescent.sim.nodes import DecodeNode, Job, PrefillNode
 from crescent.sim.pool import BlockPool, block_key
@@ -122,7 +122,7 @@ class Simulation:
         chosen.sort(key=lambda r: r.timestamp_ms)
         start = chosen[0].timestamp_ms if chosen else 0
         bs, scale = self.cost.block_tokens, self.config.time_scale
-        return [
+        jobs = [
             Job(
                 index=i,
                 arrival=(r.timestamp_ms - start) / 1000 * scale,
@@ -133,6 +133,10 @@ class Simulation:
             )
             for i, r in enumerate(chosen)
         ]
+        matched = matched_by(job.keys for job in jobs)
+        for job in jobs:
+            job.listed = tuple(key for key in job.keys if key in matched)
+        return jobs
 
     def _push(self, at: float, kind: int, what: object) -> None:
         self._serial += 1
@@ -196,11 +200,11 @@ class Simulation:
         self.pool_cpu_s += time.thread_time() - started
         return hits
 
-    def _store(self, node_id: str, pool: BlockPool, keys: Sequence[bytes], now: float) -> None:
-        """``node_id``'s pool stores (or reads) ``keys``; the catalogue learns of those it
-        lacked (it lists every block a pool holds already)."""
-        hits = self._access(pool, keys, now)
-        self.catalogue.stored(node_id, keys[hits:])
+    def _store(self, node_id: str, pool: BlockPool, job: Job, now: float) -> None:
+        """``node_id``'s pool stores (or reads) ``job``'s prompt, and the catalogue learns
+        of it (of the blocks any prompt is matched by: ``Job.listed``)."""
+        self._access(pool, job.keys, now)
+        self.catalogue.stored(node_id, job.listed)
 
     def _usable(self, job: Job) -> int:
         """Blocks a hit may cover: the last prompt token is always computed."""
@@ -236,7 +240,7 @@ class Simulation:
     def _prefilled(self, node: PrefillNode, now: float) -> None:
         job = node.current
         assert job is not None
-        self._store(node.load.node_id, node.pool, job.keys, now)
+        self._store(node.load.node_id, node.pool, job, now)
         job.first_token = now
         node.finish(job, now)
         self.view.update(node.load)
@@ -252,7 +256,7 @@ class Simulation:
         node = self.decodes[job.placement.decode_node]
         job.blocks = -(-(job.prompt_tokens + job.output_tokens) // self.cost.block_tokens)
         if node.pool is not None:
-            self._store(node.load.node_id, node.pool, job.keys, now)
+            self._store(node.load.node_id, node.pool, job, now)
         node.waiting.append(job)
         if not node.ending:
             node.start = now

@@ -34,6 +34,7 @@ class Job:
     output_tokens: int
     hash_ids: tuple[int, ...]
     keys: tuple[bytes, ...] = ()  # ``pool.block_key`` of each hash id: how pools name them
+    listed: tuple[bytes, ...] = ()  # those the catalogue keeps (``catalogue.matched_by``)
     placement: Placement | None = None
     queued_tokens: int = 0  # what its prefill node counts for it while it waits
     cached_blocks: int = 0

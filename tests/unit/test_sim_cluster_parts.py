@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from crescent.sim.catalogue import Catalogue
+from crescent.sim.catalogue import Catalogue, Match, matched_by
 from crescent.sim.cli import POLICIES
 from crescent.sim.costs import KV_BYTES_PER_TOKEN, LOCAL_DECODE, LOCAL_PREFILL, cost_model
 from crescent.sim.nodes import DecodeNode, Job
@@ -96,15 +96,20 @@ def test_a_decode_node_reports_what_it_runs() -> None:
 def test_catalogue_answers_what_asking_every_pool_answers() -> None:
     rng = random.Random(3)
     pools = {f"n{i:02d}": BlockPool(rng.choice((3, 6, 50)), "lru") for i in range(30)}
-    catalogue = Catalogue(pools)
+    catalogue, lean = Catalogue(pools), Catalogue(pools)
     chains = [[0, *rng.sample(range(1, 40), rng.randrange(0, 6))] for _ in range(60)]
+    matched = matched_by([block_key(i) for i in chain] for chain in chains)
     for step in range(400):
         ids = rng.choice(chains)
         node_id = rng.choice(sorted(pools))
         pools[node_id].access(ids, float(step))
-        catalogue.stored(node_id, [block_key(i) for i in ids])
+        keys = [block_key(i) for i in ids]
+        catalogue.stored(node_id, keys)
+        lean.stored(node_id, [key for key in keys if key in matched])
         asked = rng.choice(chains)
         match = catalogue.match([block_key(i) for i in asked])
+        # Storing only the blocks prompts are matched by changes no answer.
+        assert _answers(lean.match([block_key(i) for i in asked])) == _answers(match)
         answered = {h.node_id: h.num_blocks for h in match.holders}
         for node, pool in pools.items():
             held = pool.lookup(asked)
@@ -117,6 +122,11 @@ def test_catalogue_answers_what_asking_every_pool_answers() -> None:
         if match.common is not None:
             listed = list(match.common.ascending())
             assert listed == sorted(listed)
+
+
+def _answers(match: Match) -> tuple[object, ...]:
+    common = match.common
+    return (match.holders, None if common is None else list(common.ascending()))
 
 
 def test_the_cli_knows_tierds_policies() -> None:

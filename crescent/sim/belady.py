@@ -2,9 +2,7 @@
 block needed again farthest in the future. No online policy can find more cached prefix blocks,
 so it bounds every eviction policy on the same trace and capacity.
 
-Also a reference between the optimum and online policies, ``ReturnOraclePool``: a pool told
-*whether* each block will be asked for again, but not *when*, which tells how much of the gap
-to the optimum is knowing which blocks come back and how much is knowing how soon.
+Two references between this optimum and online policies are in ``oracles``.
 
 Same rules as ``pool.BlockPool``: a request's hits are its leading held ids; then all its ids
 are stored, and the pool evicts down to capacity. A block is never needed before its parent
@@ -18,8 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from crescent.sim.pool import BlockPool, HitCounters, block_key
-from services.tierd.policy import BlockInfo, Rank, RankedPolicy
+from crescent.sim.pool import HitCounters
 
 #: The next use of a block never asked for again: later than any request's index.
 NEVER = 1 << 62
@@ -40,7 +37,7 @@ def next_uses(requests: Sequence[Sequence[int]]) -> list[list[int]]:
     return out
 
 
-def _next_position(
+def next_position(
     requests: Sequence[tuple[int, ...]], position: int, hash_ids: Sequence[int]
 ) -> int:
     """``position`` + 1 if ``hash_ids`` is the request at ``position``; ValueError if not."""
@@ -97,7 +94,7 @@ class OptimalPool(HitCounters):
         """Serves the next request (ValueError if it is not the next one given); ``now`` is
         there for the pool's interface: the optimum needs only the order."""
         position = self._position
-        self._position = _next_position(self._requests, position, hash_ids)
+        self._position = next_position(self._requests, position, hash_ids)
         hits = self.lookup(hash_ids)
         self._count(hits, len(hash_ids))
         upcoming = self._next[position]
@@ -127,54 +124,3 @@ def optimal_hit_rate(requests: Sequence[Sequence[int]], capacity_blocks: int | N
     for ids in requests:
         pool.access(ids)
     return pool.hit_rate
-
-
-class ReturnRanks(RankedPolicy):
-    """A rank for tierd's victim index from a glimpse of the future: blocks never asked for
-    again go first, then least recently used. Owns ``returns``: for each block key, whether a
-    request after the block's last access asks for it (kept current by ``ReturnOraclePool``)."""
-
-    name = "oracle-returns"
-
-    def __init__(self) -> None:
-        self.returns: dict[bytes, bool] = {}
-
-    def rank(self, info: BlockInfo, now: float) -> Rank:
-        return (1.0 if self.returns[info.block_hash] else 0.0, info.last_access)
-
-
-class ReturnOraclePool(HitCounters):
-    """Owns a ``BlockPool`` serving ``requests`` in the order given, evicting by
-    ``ReturnRanks``: it knows whether each block is asked for again, not when.
-
-    Invariant: before each ``access`` is served, ``ReturnRanks.returns`` holds, for each of
-    its blocks, whether a later request asks for it; the counters are the pool's own."""
-
-    def __init__(self, requests: Sequence[Sequence[int]], capacity_blocks: int | None) -> None:
-        self._requests = [tuple(ids) for ids in requests]
-        self._next = next_uses(self._requests)
-        self._ranks = ReturnRanks()
-        self._pool = BlockPool(capacity_blocks, self._ranks, defer=False)
-        self._position = 0
-        super().__init__()
-
-    def __len__(self) -> int:
-        return len(self._pool)
-
-    def __contains__(self, hash_id: object) -> bool:
-        return hash_id in self._pool
-
-    def lookup(self, hash_ids: Sequence[int]) -> int:
-        return self._pool.lookup(hash_ids)
-
-    def access(self, hash_ids: Sequence[int], now: float) -> int:
-        """Serves the next request (ValueError if it is not the next one given)."""
-        position = self._position
-        self._position = _next_position(self._requests, position, hash_ids)
-        returns = self._ranks.returns
-        for hash_id, next_use in zip(hash_ids, self._next[position], strict=True):
-            returns[block_key(hash_id)] = next_use != NEVER
-        hits = self._pool.access(hash_ids, now)
-        self._count(hits, len(hash_ids))
-        self.evictions = self._pool.evictions
-        return hits

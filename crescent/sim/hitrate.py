@@ -8,8 +8,9 @@ capacity: the cache side of ``crescent sim``, reproducible with
 A hit is a block found as part of a request's cached prefix; the hit rate is hits ÷ blocks
 requested. ``--measure seconds`` weighs each hit by the recompute time it saves instead (the
 share of all prefill recompute seconds saved, by tierd's default ``RecomputeModel``).
-``oracle-returns`` is a reference, not a policy: it knows whether each block is asked for
-again, but not when (``belady.ReturnOraclePool``).
+``oracle-returns`` and ``oracle-class-age`` are references, not policies: the first knows
+whether each block is asked for again but not when, the second each read count's exact times
+to the next request but nothing of one block (``oracles``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from crescent.sim.belady import OptimalPool, ReturnOraclePool
+from crescent.sim.belady import OptimalPool
+from crescent.sim.oracles import ClassAgeOraclePool, ReturnOraclePool
 from crescent.sim.pool import BlockPool, HitCounters
 from crescent.sim.synthetic import WORKLOADS
 from crescent.traces import CONVERSATION_TRACE, TraceRecord, load_trace
@@ -38,7 +40,9 @@ PLAIN_LRU = "plain-lru"
 SHALLOW_TIES = "belady-shallower"
 #: Knows whether each block is asked for again, not when.
 RETURN_ORACLE = "oracle-returns"
-POLICY_NAMES = (*POLICIES, OPTIMUM, PLAIN_LRU, SHALLOW_TIES, RETURN_ORACLE)
+#: Knows how soon blocks of each read count come back, not which do.
+CLASS_AGE_ORACLE = "oracle-class-age"
+POLICY_NAMES = (*POLICIES, OPTIMUM, PLAIN_LRU, SHALLOW_TIES, RETURN_ORACLE, CLASS_AGE_ORACLE)
 DEFAULT_POLICIES = (*POLICIES, OPTIMUM)
 DEFAULT_CAPACITIES = "1000,10000,30000,50000,100000,inf"
 
@@ -106,11 +110,14 @@ def replay(
     started = time.perf_counter()
     requests = [r.hash_ids for r in records]
     weight = _weights(measure, max((len(ids) for ids in requests), default=0))
-    pool: BlockPool | OptimalPool | PlainLru | ReturnOraclePool
+    pool: BlockPool | OptimalPool | PlainLru | ReturnOraclePool | ClassAgeOraclePool
     if policy in (OPTIMUM, SHALLOW_TIES):
         pool = OptimalPool(requests, capacity_blocks, deeper_first=policy == OPTIMUM)
     elif policy == RETURN_ORACLE:
         pool = ReturnOraclePool(requests, capacity_blocks)
+    elif policy == CLASS_AGE_ORACLE:
+        times = [r.timestamp_ms / 1000 for r in records]
+        pool = ClassAgeOraclePool(requests, times, capacity_blocks)
     elif policy == PLAIN_LRU:
         pool = PlainLru(capacity_blocks)
     else:

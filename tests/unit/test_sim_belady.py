@@ -1,6 +1,5 @@
 """Belady's MIN: exact hits on the hand-checked trace, equal to an exhaustive search on tiny
-traces, and never below any of tierd's policies on random ones; the oracle that knows whether
-blocks come back but not when, on hand-checked traces and below the optimum."""
+traces, and never below any of tierd's policies on random ones."""
 
 from __future__ import annotations
 
@@ -10,13 +9,7 @@ import random
 
 import pytest
 
-from crescent.sim.belady import (
-    NEVER,
-    OptimalPool,
-    ReturnOraclePool,
-    next_uses,
-    optimal_hit_rate,
-)
+from crescent.sim.belady import NEVER, OptimalPool, next_uses, optimal_hit_rate
 from crescent.sim.pool import BlockPool
 from services.tierd.policy import POLICIES
 from tests.unit.sim_traces import HAND_BELADY_HITS, HAND_CAPACITY, HAND_TRACE, random_trace
@@ -103,41 +96,3 @@ def test_requests_must_come_in_the_order_given() -> None:
         pool.access(HAND_TRACE[2])
     with pytest.raises(ValueError, match="capacity"):
         OptimalPool(HAND_TRACE, -1)
-
-
-def _oracle_hits(trace: list[list[int]], capacity: int | None) -> list[int]:
-    pool = ReturnOraclePool(trace, capacity)
-    return [pool.access(ids, float(t)) for t, ids in enumerate(trace)]
-
-
-def test_the_return_oracle_drops_blocks_never_asked_for_again_first() -> None:
-    # Room for 2. After [3]: 2 (never again) goes, not 3, which LRU would keep over 2 anyway;
-    # after [1, 4]: 4 (never again) goes, not 3 (LRU drops 3 and misses it next).
-    trace = [[1, 2], [3], [1, 4], [3]]
-    assert _oracle_hits(trace, 2) == [0, 0, 1, 1]
-    lru = BlockPool(2, "lru")
-    assert [lru.access(ids, float(t)) for t, ids in enumerate(trace)] == [0, 0, 1, 0]
-
-
-def test_the_return_oracle_does_not_know_when() -> None:
-    # Room for 1; 1 and 2 both come back. The oracle keeps the more recent (2) and misses 1,
-    # then keeps 1 over 2 (both come back), then 1 over 2 (never again) and finds 1 at last;
-    # the optimum keeps 1, needed sooner, and finds it twice.
-    trace = [[1], [2], [1], [2], [1]]
-    assert _oracle_hits(trace, 1) == [0, 0, 0, 0, 1]
-    optimum = OptimalPool(trace, 1)
-    assert [optimum.access(ids) for ids in trace] == [0, 0, 1, 0, 1]
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_the_return_oracle_stays_below_the_optimum(seed: int) -> None:
-    rng = random.Random(seed)
-    trace = random_trace(rng, 300)
-    for capacity in (2, 8, 30, None):
-        pool = ReturnOraclePool(trace, capacity)
-        for t, ids in enumerate(trace):
-            pool.access(ids, float(t))
-        assert pool.hits <= pool.requested and len(pool) <= (capacity or len(pool))
-        assert pool.hit_rate <= optimal_hit_rate(trace, capacity) + 1e-12
-    with pytest.raises(ValueError, match="request 0"):
-        ReturnOraclePool(HAND_TRACE, 2).access(HAND_TRACE[1], 0.0)

@@ -66,11 +66,11 @@ def test_capacities_parse_and_label() -> None:
 
 def test_the_optimum_bounds_every_policy_in_the_table() -> None:
     records = shared_prefix_workload(250, prompts=20, seed=1)
-    names = ["lru", "lfu", "recompute", "crescent", "oracle-returns", "belady"]
+    names = ["lru", "lfu", "recompute", "crescent", "oracle-returns", "oracle-class-age", "belady"]
     rows = hit_rates(records, names, [50, 400])
     best = {r.capacity_blocks: r.hit_rate for r in rows if r.policy == "belady"}
     assert all(r.hit_rate <= best[r.capacity_blocks] + 1e-12 for r in rows)
-    assert len(rows) == 12
+    assert len(rows) == 14
 
 
 def test_main_prints_json_and_a_table(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,26 +3,27 @@ and fits the completion into the context. Pure: no HTTP, no bus."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from dataclasses import dataclass
 from functools import cached_property
 
-from services.gateway import errors
-from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest
+from services.gateway import errors, tools
+from services.gateway.sampling import sampling_spec
+from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Tool
 from services.gateway.structured import requested_grammar
 from services.gateway.validation import (
     CHAT_UNSUPPORTED,
     COMPLETION_UNSUPPORTED,
-    message_dict,
     reject_unsupported,
     stop_strings,
 )
 from shared.errors import InvalidRequestError, PromptTooLongError
-from shared.messages import GenerateRequest, SamplingSpec
+from shared.messages import GenerateRequest
 from shared.model.grammar import Grammars
 from shared.model.tokenizer import Tokenizer
-from shared.sampling_params import MAX_TOP_LOGPROBS, SamplingParams
+from shared.sampling_params import MAX_TOP_LOGPROBS
 
 PromptInput = str | list[str] | list[int] | list[list[int]]
 #: OpenAI's (and vLLM's) default for the legacy completions endpoint.
@@ -69,6 +70,7 @@ class PreparedRequest:
     options: OutputOptions
     stream: bool
     include_usage: bool
+    parse_tool_calls: bool = False  # the answer is read for calls in the default tool format
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,15 +106,24 @@ class RequestBuilder:
         reject_unsupported(body, CHAT_UNSUPPORTED)
         common = self._common(body)
         logprobs = self._chat_logprobs(body.logprobs, body.top_logprobs)
-        prompt = self.render(body.messages)
+        plan = tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+        grammar = self._grammar(body)
+        if plan.grammar and grammar:
+            raise errors.invalid(
+                "A required tool call cannot be combined with a structured output",
+                "tool_choice",
+            )
+        prompt = self.render(body.messages, True, body.tools if plan.parse_calls else None)
         requested = body.max_completion_tokens
         param = "max_completion_tokens"
         if requested is None:
             requested, param = body.max_tokens, "max_tokens"
         max_tokens = self._max_tokens(requested, None, len(prompt), param, "messages")
-        return self._prepare(
-            "chatcmpl", "chat", body, tenant, common, [(prompt, max_tokens)], logprobs
+        sized = [(prompt, max_tokens)]
+        prepared = self._prepare(
+            "chatcmpl", "chat", body, tenant, common, sized, logprobs, plan.grammar or grammar
         )
+        return dataclasses.replace(prepared, parse_tool_calls=plan.parse_calls)
 
     def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> str:
         asked = requested_grammar(body, self.grammars)
@@ -135,7 +146,8 @@ class RequestBuilder:
         default = COMPLETIONS_DEFAULT_MAX_TOKENS
         sized = [(p, self._max_tokens(body.max_tokens, default, len(p), "max_tokens", "prompt"))
                  for p in prompts]  # fmt: skip
-        return self._prepare("cmpl", "completion", body, tenant, common, sized, logprobs)
+        grammar = self._grammar(body)
+        return self._prepare("cmpl", "completion", body, tenant, common, sized, logprobs, grammar)
 
     def check_model(self, name: str) -> None:
         if name != self.model_name:
@@ -168,10 +180,14 @@ class RequestBuilder:
         return (top or 0) if logprobs else None
 
     def render(
-        self, messages: list[ChatMessage], add_generation_prompt: bool = True
+        self,
+        messages: list[ChatMessage],
+        add_generation_prompt: bool = True,
+        tool_list: list[Tool] | None = None,
     ) -> tuple[int, ...]:
-        """Token ids of the conversation as the chat template renders it."""
-        chat = [message_dict(i, m) for i, m in enumerate(messages)]
+        """Token ids of the conversation as the chat template renders it, with ``tool_list``
+        described in Crescent's default tool format (``tools``)."""
+        chat = tools.conversation(messages, tool_list, show_tools=bool(tool_list))
         if not chat:
             raise errors.invalid("messages must be a non-empty list", "messages")
         try:
@@ -231,15 +247,15 @@ class RequestBuilder:
         common: _Common,
         prompts: list[tuple[tuple[int, ...], int]],
         logprobs: int | None,
+        grammar: str,
     ) -> PreparedRequest:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
-        grammar = self._grammar(body)
         now = time.time()
         choices = []
         for p, (prompt, max_tokens) in enumerate(prompts):
             for j in range(common.n):
                 index = p * common.n + j
-                sampling = _sampling(
+                sampling = sampling_spec(
                     body, max_tokens, logprobs, j, self.tokenizer.vocab_size, grammar
                 )
                 request = GenerateRequest(
@@ -269,64 +285,3 @@ class RequestBuilder:
             stream=common.stream,
             include_usage=common.include_usage,
         )
-
-
-def _sampling(
-    body: ChatCompletionRequest | CompletionRequest,
-    max_tokens: int,
-    logprobs: int | None,
-    sibling: int,
-    vocab_size: int,
-    grammar: str = "",
-) -> SamplingSpec:
-    # Sibling choices share a prompt; the same seed would make them identical, so each takes
-    # the next seed and choice 0 stays what a request with n=1 and this seed gives.
-    seed = body.seed
-    if seed is not None and not 0 <= seed < 2**63:
-        raise errors.invalid(f"seed must be a non-negative 63-bit integer, got {seed}", "seed")
-    if seed is not None:
-        seed = (seed + sibling) % 2**63
-    min_tokens = body.min_tokens or 0
-    if min_tokens > max_tokens:
-        raise errors.invalid(
-            f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens"
-        )
-    try:
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=0 if body.top_k is None else body.top_k,
-            seed=seed,
-            logprobs=logprobs,
-            stop_token_ids=tuple(body.stop_token_ids or ()),
-            ignore_eos=bool(body.ignore_eos),
-            frequency_penalty=body.frequency_penalty or 0.0,
-            presence_penalty=body.presence_penalty or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
-            logit_bias=logit_bias(body.logit_bias, vocab_size),
-            min_tokens=min_tokens,
-            grammar=grammar,
-        )
-    except InvalidRequestError as exc:
-        raise errors.from_invalid(exc) from exc
-    bad = next((t for t in params.stop_token_ids if t >= vocab_size), None)
-    if bad is not None:
-        raise errors.invalid(
-            f"stop_token_ids: {bad} is outside the vocabulary (0..{vocab_size - 1})",
-            "stop_token_ids",
-        )
-    return SamplingSpec.from_params(params)
-
-
-def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
-    """OpenAI's map of token ids (as strings) to biases, as (id, bias) pairs."""
-    pairs = []
-    for key, value in (bias or {}).items():
-        if not (0 < len(key) <= 10 and key.isascii() and key.isdigit()) or int(key) >= vocab_size:
-            raise errors.invalid(
-                f"logit_bias keys must be token ids from 0 to {vocab_size - 1}, got {key[:40]!r}",
-                "logit_bias",
-            )
-        pairs.append((int(key), value))
-    return tuple(pairs)

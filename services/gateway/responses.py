@@ -9,6 +9,14 @@ from typing import Any
 
 from services.gateway.output import ChoiceAssembler, Delta
 from services.gateway.requests import PreparedRequest
+from services.gateway.tool_calls import (
+    CallArguments,
+    CallStart,
+    Content,
+    Event,
+    ToolCallParser,
+    parse_all,
+)
 from shared.errors import InvalidRequestError
 from shared.messages import TokenLogprob
 from shared.model.tokenizer import Tokenizer
@@ -74,6 +82,10 @@ class Shapes:
         self.tokenizer = tokenizer
         self.chat = request.kind == "chat"
         self._top = request.options.logprobs or 0
+        # One per choice when the answers are read for tool calls, fed as they stream.
+        self._parsers = (
+            [ToolCallParser() for _ in request.choices] if request.parse_tool_calls else []
+        )
 
     def _envelope(self, object_: str) -> dict[str, Any]:
         r = self.request
@@ -97,12 +109,20 @@ class Shapes:
         if self.request.options.logprobs is not None:
             logprobs = self.logprobs(choice.logprobs, choice.offsets)
         out: dict[str, Any] = {"index": index}
+        finish = choice.finish_reason
         if self.chat:
-            out["message"] = {"role": "assistant", "content": choice.text, "refusal": None}
+            message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
+            if self._parsers:
+                content, calls = parse_all(choice.text)
+                if calls:
+                    message["content"] = content
+                    message["tool_calls"] = [_call(i, n, a) for i, n, a in calls]
+                    finish = _calls_finish(finish)
+            out["message"] = message
         else:
             out["text"] = choice.text
         out["logprobs"] = logprobs
-        out["finish_reason"] = choice.finish_reason
+        out["finish_reason"] = finish
         return out
 
     def chunk(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -126,6 +146,8 @@ class Shapes:
 
     def delta_chunks(self, index: int, delta: Delta) -> list[dict[str, Any]]:
         """Stream chunks for one delta: its text (with logprobs), then the finish if any."""
+        if self._parsers:
+            return self._tool_chunks(index, delta)
         chunks = []
         if delta.text or delta.logprobs:
             logprobs = None
@@ -135,6 +157,28 @@ class Shapes:
         if delta.finish_reason is not None:
             finish = self._stream_choice(index, None, None, delta.finish_reason)
             chunks.append(self.chunk([finish]))
+        return chunks
+
+    def _tool_chunks(self, index: int, delta: Delta) -> list[dict[str, Any]]:
+        """Like ``delta_chunks``, with the text read for tool calls: content goes out as
+        content, calls as OpenAI streams them (a first delta with id and name, then pieces of
+        the arguments)."""
+        parser = self._parsers[index]
+        events = parser.feed(delta.text)
+        if delta.finish_reason is not None:
+            events += parser.finish()
+        logprobs = None
+        if self.request.options.logprobs is not None and delta.logprobs:
+            logprobs = self.logprobs(delta.logprobs, delta.offsets)
+        chunks = []
+        for event in events or ([Content("")] if logprobs else []):
+            choice = {"index": index, "delta": _event_delta(event)}
+            choice |= {"logprobs": logprobs, "finish_reason": None}
+            logprobs = None
+            chunks.append(self.chunk([choice]))
+        if delta.finish_reason is not None:
+            reason = _calls_finish(delta.finish_reason) if parser.calls else delta.finish_reason
+            chunks.append(self.chunk([self._stream_choice(index, None, None, reason)]))
         return chunks
 
     def _stream_choice(
@@ -189,3 +233,22 @@ class Shapes:
 
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def _event_delta(event: Event) -> dict[str, Any]:
+    if isinstance(event, CallStart):
+        function = {"name": event.name, "arguments": ""}
+        call = {"index": event.index, "id": event.id, "type": "function", "function": function}
+        return {"tool_calls": [call]}
+    if isinstance(event, CallArguments):
+        return {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
+    return {"content": event.text}
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def _calls_finish(reason: str | None) -> str | None:
+    """A choice that made calls finishes with ``tool_calls``, unless it was cut short."""
+    return "tool_calls" if reason == "stop" else reason

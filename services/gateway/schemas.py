@@ -67,6 +67,51 @@ class StructuredOutputs(_Strict):
     json_object: bool | None = None
 
 
+#: OpenAI's rule for function names.
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    """A function the model may call (``tools[i]``)."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Strict):
+    name: str = Field(pattern=FUNCTION_NAME)
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
+class CalledFunction(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallIn(_Strict):
+    """A call an earlier assistant message made (``messages[i].tool_calls[j]``)."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class StreamOptions(_Strict):
     """``stream_options``: only usage reporting changes what Crescent sends."""
 
@@ -81,9 +126,9 @@ class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    # Tool and audio messages are not supported; declared so the 400 can name them.
-    tool_calls: Any = _refused()
-    tool_call_id: Any = _refused()
+    tool_calls: list[ToolCallIn] | None = None  # assistant messages
+    tool_call_id: str | None = None  # tool messages: the call this answers
+    # Not supported; declared so the 400 can name them.
     function_call: Any = _refused("none")
     refusal: Any = _refused()
     audio: Any = _refused()
@@ -132,9 +177,8 @@ class ChatCompletionRequest(_Generation):
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    tools: Any = _refused([])
-    tool_choice: Any = _refused("none")
-    # Only means something together with tools, which are refused; accepted and ignored.
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: Any = _refused([])
     function_call: Any = _refused("none")

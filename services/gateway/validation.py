@@ -28,8 +28,6 @@ MAX_INT_DIGITS = 32
 _SHARED_UNSUPPORTED = ("prompt_cache_key", "service_tier")
 CHAT_UNSUPPORTED = (
     *_SHARED_UNSUPPORTED,
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "audio",
@@ -43,10 +41,9 @@ CHAT_UNSUPPORTED = (
     "prompt_cache_retention",
 )
 COMPLETION_UNSUPPORTED = (*_SHARED_UNSUPPORTED, "echo", "best_of", "suffix")
-MESSAGE_UNSUPPORTED = ("tool_calls", "tool_call_id", "function_call", "refusal", "audio")
+MESSAGE_UNSUPPORTED = ("function_call", "refusal", "audio")
 # Values that ask for nothing beyond what Crescent does anyway.
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
-    "tool_choice": ("none",),
     "function_call": ("none",),
     "modalities": (["text"],),
     "service_tier": ("auto", "default"),

@@ -82,6 +82,11 @@ class GrammarMatcher:
         return bool(self._matcher.is_stopped()) and not self._matcher.is_error()
 
     @property
+    def can_end(self) -> bool:
+        """The tokens so far are a complete output (more may still be allowed)."""
+        return bool(self._matcher.is_accepting())
+
+    @property
     def error(self) -> str | None:
         return str(self._matcher.get_error()) if self._matcher.is_error() else None
 

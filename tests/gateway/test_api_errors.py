@@ -38,7 +38,10 @@ def still_serving(http: httpx.Client, model: str) -> None:
     ("body", "param"),
     [
         ({"messages": HELLO, "bogus": 1}, "bogus"),
-        ({"messages": HELLO, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        (
+            {"messages": HELLO, "tools": [{"type": "function", "function": {"name": "bad name"}}]},
+            "tools[0].function.name",
+        ),
         ({"messages": HELLO, "temperature": 5}, "temperature"),
         ({"messages": HELLO, "n": "two"}, "n"),
         ({"messages": HELLO, "max_tokens": 9000}, "max_tokens"),

@@ -171,7 +171,7 @@ def test_stop_cache_salt_and_stream_options(builder: RequestBuilder) -> None:
         ({"n": 5}, "n"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_completion_tokens": -3}, "max_completion_tokens"),
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
         (
             {
                 "response_format": {
@@ -190,7 +190,10 @@ def test_stop_cache_salt_and_stream_options(builder: RequestBuilder) -> None:
         ({"min_tokens": 50, "max_tokens": 10}, "min_tokens"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"stop_token_ids": [10**6]}, "stop_token_ids"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]},
+            "messages[0].tool_call_id",
+        ),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
         ({"messages": []}, "messages"),
         (
@@ -198,7 +201,21 @@ def test_stop_cache_salt_and_stream_options(builder: RequestBuilder) -> None:
             "messages[0].content[0]",
         ),
         (
-            {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{}]}]},
+            {
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": "x",
+                        "tool_calls": [
+                            {
+                                "id": "c",
+                                "type": "function",
+                                "function": {"name": "f", "arguments": "{}"},
+                            }
+                        ],
+                    }
+                ]
+            },
             "messages[0].tool_calls",
         ),
     ],

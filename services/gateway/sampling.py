@@ -1,0 +1,70 @@
+"""OpenAI's sampling fields -> the ``SamplingSpec`` one sequence is generated with. Pure."""
+
+from __future__ import annotations
+
+from services.gateway import errors
+from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from shared.errors import InvalidRequestError
+from shared.messages import SamplingSpec
+from shared.sampling_params import SamplingParams
+
+
+def sampling_spec(
+    body: ChatCompletionRequest | CompletionRequest,
+    max_tokens: int,
+    logprobs: int | None,
+    sibling: int,
+    vocab_size: int,
+    grammar: str = "",
+) -> SamplingSpec:
+    # Sibling choices share a prompt; the same seed would make them identical, so each takes
+    # the next seed and choice 0 stays what a request with n=1 and this seed gives.
+    seed = body.seed
+    if seed is not None and not 0 <= seed < 2**63:
+        raise errors.invalid(f"seed must be a non-negative 63-bit integer, got {seed}", "seed")
+    if seed is not None:
+        seed = (seed + sibling) % 2**63
+    min_tokens = body.min_tokens or 0
+    if min_tokens > max_tokens:
+        raise errors.invalid(
+            f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens"
+        )
+    try:
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=0 if body.top_k is None else body.top_k,
+            seed=seed,
+            logprobs=logprobs,
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            ignore_eos=bool(body.ignore_eos),
+            frequency_penalty=body.frequency_penalty or 0.0,
+            presence_penalty=body.presence_penalty or 0.0,
+            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            logit_bias=logit_bias(body.logit_bias, vocab_size),
+            min_tokens=min_tokens,
+            grammar=grammar,
+        )
+    except InvalidRequestError as exc:
+        raise errors.from_invalid(exc) from exc
+    bad = next((t for t in params.stop_token_ids if t >= vocab_size), None)
+    if bad is not None:
+        raise errors.invalid(
+            f"stop_token_ids: {bad} is outside the vocabulary (0..{vocab_size - 1})",
+            "stop_token_ids",
+        )
+    return SamplingSpec.from_params(params)
+
+
+def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    """OpenAI's map of token ids (as strings) to biases, as (id, bias) pairs."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        if not (0 < len(key) <= 10 and key.isascii() and key.isdigit()) or int(key) >= vocab_size:
+            raise errors.invalid(
+                f"logit_bias keys must be token ids from 0 to {vocab_size - 1}, got {key[:40]!r}",
+                "logit_bias",
+            )
+        pairs.append((int(key), value))
+    return tuple(pairs)

@@ -20,8 +20,9 @@ class SimResult:
     share of all requests (refused ones count as missed) whose TTFT and TPOT both met their
     objectives; ``hit_rate``: blocks found as a cached prefix ÷ blocks requested;
     ``prefill_busy``: the share of the prefill nodes' time spent pulling and computing, from
-    the first arrival to the last first token; ``placement_cpu_s`` and ``pool_cpu_s``: CPU
-    time of the scheduler's calls and of the pools' accesses, within ``wall_s``."""
+    the first arrival to the last first token; ``placement_cpu_s``: CPU time of the
+    scheduler's calls, ``pool_s``: wall-clock time of the pools' accesses, both within
+    ``wall_s``."""
 
     scheduler: str
     cost_model: str
@@ -50,7 +51,7 @@ class SimResult:
     placement_p50_ms: float
     placement_p99_ms: float
     placement_cpu_s: float
-    pool_cpu_s: float
+    pool_s: float
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -104,5 +105,5 @@ def summarize(sim: Simulation, hit_rate: float, wall_s: float) -> SimResult:
         placement_p50_ms=place_p50 * 1000,
         placement_p99_ms=place_p99 * 1000,
         placement_cpu_s=sum(sim.placement_s),
-        pool_cpu_s=sim.pool_cpu_s,
+        pool_s=sim.pool_s,
     )

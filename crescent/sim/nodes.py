@@ -108,28 +108,34 @@ class DecodeNode:
     def batch(self) -> int:
         return len(self.ending)
 
-    def _first(self) -> float:
-        return decode_step_seconds(self.coef, self.batch, self.context)
+    def _pace(self) -> tuple[float, float]:
+        """The stretch's first step and what each step adds to the next: step ``k`` (from 0)
+        takes ``a + k * b``."""
+        batch = len(self.ending)
+        return decode_step_seconds(self.coef, batch, self.context), (
+            self.coef.per_attention_s * batch
+        )
 
     def elapsed(self, n: int) -> float:
         """Seconds from ``start`` to the end of the ``n``-th step of the stretch."""
-        a, b = self._first(), self.coef.per_attention_s * self.batch
+        a, b = self._pace()
         return n * a + b * n * (n - 1) / 2
 
     def steps_by(self, t: float) -> int:
         """Steps of the stretch done by ``t``."""
         span = t - self.start
-        if self.batch == 0 or span <= 0:
+        if not self.ending or span <= 0:
             return 0
-        a, b = self._first(), self.coef.per_attention_s * self.batch
+        a, b = self._pace()
         if b <= 0:
             n = int(span / a) if a > 0 else 1 << 40
         else:
             c = a - b / 2
             n = int((-c + math.sqrt(c * c + 2 * b * span)) / b)
-        while self.elapsed(n + 1) <= span:
+        # ``elapsed`` inline (the same operations): the root is off by a step at most.
+        while (n + 1) * a + b * (n + 1) * n / 2 <= span:
             n += 1
-        while n > 0 and self.elapsed(n) > span:
+        while n > 0 and n * a + b * n * (n - 1) / 2 > span:
             n -= 1
         return n
 

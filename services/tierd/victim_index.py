@@ -146,11 +146,12 @@ class VictimIndex:
 
     def pop(self) -> BlockInfo | None:
         """Removes and returns the next victim; None when no eligible block is evictable."""
-        self._rank_unranked()
-        heap = self._heap
+        if self._unranked:
+            self._rank_unranked()
+        heap, live = self._heap, self._live
         while heap:
             entry = heapq.heappop(heap)
-            if self._live.get(entry[2]) is entry:
+            if live.get(entry[2]) is entry:
                 return self.remove(entry[2])
         return None
 
@@ -181,7 +182,9 @@ class VictimIndex:
                 live[block_hash] = entry
                 entries.append(entry)
         heap = self._heap
-        if len(heap) + len(entries) > 2 * len(live) + _COMPACT_SLACK or len(entries) > len(heap):
+        if len(entries) == 1 and len(heap) <= 2 * len(live) + _COMPACT_SLACK:
+            heapq.heappush(heap, entries[0])  # the common case: a victim's parent comes up
+        elif len(heap) + len(entries) > 2 * len(live) + _COMPACT_SLACK or len(entries) > len(heap):
             # Many new entries, or mostly stale ones: one heapify of the live ones is cheaper.
             self._heap = list(live.values())
             heapq.heapify(self._heap)

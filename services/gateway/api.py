@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,6 +18,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from services.gateway import errors, openapi
+from services.gateway.answers import Answer, chat_answer, response_answer
 from services.gateway.api_models import (
     ChatCompletion,
     Completion,
@@ -27,6 +27,7 @@ from services.gateway.api_models import (
     ModelCard,
     ModelList,
     RequestView,
+    ResponseObject,
     TokenizeResponse,
 )
 from services.gateway.auth import ApiKeys
@@ -42,14 +43,19 @@ from services.gateway.http_io import (
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.phases import Recent
 from services.gateway.requests import PreparedRequest, RequestBuilder
-from services.gateway.responses import Shapes
+from services.gateway.responses_api import (
+    ResponseStore,
+    to_chat,
+)
 from services.gateway.schemas import (
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
 )
+from services.gateway.schemas_responses import ResponsesRequest
 from services.gateway.service import Run
 from services.gateway.tokenize import detokenize, tokenize
 from shared import phases
@@ -62,6 +68,7 @@ ENDPOINTS = frozenset(
     {
         "/v1/chat/completions",
         "/v1/completions",
+        "/v1/responses",
         "/v1/models",
         "/health",
         "/healthz",
@@ -76,6 +83,7 @@ ENDPOINTS = frozenset(
 BODIES: dict[str, tuple[type[BaseModel], ...]] = {
     "/v1/chat/completions": (ChatCompletionRequest,),
     "/v1/completions": (CompletionRequest,),
+    "/v1/responses": (ResponsesRequest,),
     "/tokenize": (TokenizeCompletionRequest, TokenizeChatRequest),
     "/detokenize": (DetokenizeRequest,),
 }
@@ -94,6 +102,7 @@ class Gateway:
     max_request_bytes: int
     created: int
     recent: Recent = field(default_factory=Recent)
+    stored: ResponseStore = field(default_factory=ResponseStore)
 
 
 def build_app(gateway: Gateway) -> FastAPI:
@@ -199,6 +208,23 @@ def _add_routes(app: FastAPI, gw: Gateway) -> None:
         body, _ = await parse_body(request, DetokenizeRequest, gw.max_request_bytes)
         return JSONResponse(detokenize(gw.builder, body))
 
+    @app.post(
+        "/v1/responses",
+        response_model=ResponseObject,
+        responses=openapi.event_stream("A response, or its stream of events", "response event")
+        | generation,
+    )
+    async def responses(request: Request) -> Response:
+        arrived = time.monotonic()
+        tenant = gw.keys.tenant(request.headers.get("authorization"))
+        body, size = await parse_body(request, ResponsesRequest, gw.max_request_bytes)
+        history: list[ChatMessage] = []
+        if body.previous_response_id is not None:
+            history = gw.stored.conversation(body.previous_response_id, tenant)
+        prepared = await _prepare(gw.builder.chat, to_chat(body, history), tenant, size)
+        answer = response_answer(gw.stored, body, prepared, history)
+        return await _generate(request, gw, prepared, arrived, answer)
+
     @app.get("/v1/models", response_model=ModelList, responses=openapi.errors(401))
     async def models(request: Request) -> dict[str, Any]:
         gw.keys.tenant(request.headers.get("authorization"))
@@ -269,8 +295,13 @@ async def _prepare(
 
 
 async def _generate(
-    request: Request, gw: Gateway, prepared: PreparedRequest, arrived: float
+    request: Request,
+    gw: Gateway,
+    prepared: PreparedRequest,
+    arrived: float,
+    answer: Answer | None = None,
 ) -> Response:
+    """Runs the request; ``answer`` shapes it (chat and completions objects by default)."""
     gw.metrics.in_flight.inc()
     try:
         run = await unless_disconnected(request, gw.completions.start(prepared))
@@ -278,12 +309,12 @@ async def _generate(
         gw.metrics.in_flight.dec()
         raise
     run.phases.gateway(phases.PARSE, run.timing.start - arrived)
-    shapes = Shapes(prepared, gw.completions.tokenizer)
+    answer = answer or chat_answer(prepared, gw.completions.tokenizer)
     if prepared.stream:
-        return _RunStream(run, shapes, gw)
+        return _RunStream(run, answer.stream(run), gw)
     try:
         await unless_disconnected(request, run.collect())
-        return JSONResponse(shapes.response(run.choices))
+        return JSONResponse(answer.whole(run))
     finally:
         _finish(run, gw)
 
@@ -296,39 +327,14 @@ def _finish(run: Run, gw: Gateway) -> None:
     gw.metrics.in_flight.dec()
 
 
-def _event(payload: dict[str, Any]) -> bytes:
-    text = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
-    return f"data: {text}\n\n".encode()
-
-
-async def _sse(run: Run, shapes: Shapes) -> AsyncIterator[bytes]:
-    for opening in shapes.role_chunks():
-        yield _event(opening)
-    try:
-        async for index, delta in run.deltas():
-            for chunk in shapes.delta_chunks(index, delta):
-                writing = time.monotonic()
-                yield _event(chunk)  # back here once the server has sent it on
-                run.phases.wrote_event(time.monotonic() - writing)
-        if run.request.include_usage:
-            yield _event(shapes.usage_chunk(run.choices))
-    except ApiError as exc:
-        # The status line is gone already; OpenAI clients raise on an error event.
-        yield _event(exc.body())
-    except Exception:
-        log.exception("stream of %s failed", run.request.id)
-        yield _event(errors.internal().body())
-    yield b"data: [DONE]\n\n"
-
-
 class _RunStream(StreamingResponse):
     """An SSE response that owns its run: whatever ends the response (the last event, an
     error, or the client hanging up, even before the first byte) closes the run and aborts
     what still generates."""
 
-    def __init__(self, run: Run, shapes: Shapes, gw: Gateway) -> None:
+    def __init__(self, run: Run, events: AsyncIterator[bytes], gw: Gateway) -> None:
         super().__init__(
-            _sse(run, shapes),
+            events,
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

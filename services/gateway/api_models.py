@@ -4,7 +4,7 @@ the two agree). Fields may be added; none is removed without a major version."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -158,3 +158,62 @@ class TokenizeResponse(BaseModel):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+
+
+class OutputMessage(BaseModel):
+    type: Literal["message"]
+    id: str
+    status: str
+    role: Literal["assistant"]
+    content: list[OutputText]
+
+
+class OutputFunctionCall(BaseModel):
+    type: Literal["function_call"]
+    id: str
+    call_id: str
+    name: str
+    arguments: str
+    status: str
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: PromptTokensDetails
+    output_tokens: int
+    output_tokens_details: dict[str, int]
+    total_tokens: int
+
+
+class ResponseObject(BaseModel):
+    """The answer of ``POST /v1/responses`` without ``stream``. With ``stream`` the answer is
+    ``text/event-stream`` of typed events (``response.created`` ... ``response.completed``)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress"]
+    error: Any
+    incomplete_details: dict[str, str] | None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[OutputMessage | OutputFunctionCall]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    temperature: float | None
+    top_p: float | None
+    tool_choice: Any
+    tools: list[Any]
+    text: Any
+    truncation: str
+    store: bool
+    metadata: dict[str, str]
+    user: str | None
+    usage: ResponseUsage | None

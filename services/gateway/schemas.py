@@ -15,13 +15,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class _Strict(BaseModel):
+class Strict(BaseModel):
     # Validation errors never carry the values that failed: they may be a client's prompt,
     # and an error can end up in a log.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
-def _refused(*neutral: Any) -> Any:
+def refused(*neutral: Any) -> Any:
     """A field Crescent does not implement: the schema admits only its do-nothing values (a
     request with another is refused with a 400 that names the field)."""
     return Field(
@@ -30,7 +30,7 @@ def _refused(*neutral: Any) -> Any:
     )
 
 
-class JsonSchemaSpec(_Strict):
+class JsonSchemaSpec(Strict):
     """``response_format.json_schema``: the schema the answer must satisfy."""
 
     name: str
@@ -39,15 +39,15 @@ class JsonSchemaSpec(_Strict):
     strict: bool | None = None
 
 
-class TextFormat(_Strict):
+class TextFormat(Strict):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Strict):
+class JsonObjectFormat(Strict):
     type: Literal["json_object"]
 
 
-class JsonSchemaFormat(_Strict):
+class JsonSchemaFormat(Strict):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -57,7 +57,7 @@ ResponseFormat = Annotated[
 ]
 
 
-class StructuredOutputs(_Strict):
+class StructuredOutputs(Strict):
     """vLLM's ``structured_outputs``: exactly one constraint on the generated text."""
 
     json_: dict[str, Any] | str | None = Field(default=None, alias="json")
@@ -71,25 +71,25 @@ class StructuredOutputs(_Strict):
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
-class FunctionDefinition(_Strict):
+class FunctionDefinition(Strict):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Strict):
+class Tool(Strict):
     """A function the model may call (``tools[i]``)."""
 
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Strict):
+class FunctionName(Strict):
     name: str = Field(pattern=FUNCTION_NAME)
 
 
-class NamedToolChoice(_Strict):
+class NamedToolChoice(Strict):
     """``tool_choice`` naming the one function the model must call."""
 
     type: Literal["function"]
@@ -99,12 +99,12 @@ class NamedToolChoice(_Strict):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
-class CalledFunction(_Strict):
+class CalledFunction(Strict):
     name: str
     arguments: str
 
 
-class ToolCallIn(_Strict):
+class ToolCallIn(Strict):
     """A call an earlier assistant message made (``messages[i].tool_calls[j]``)."""
 
     id: str
@@ -112,7 +112,7 @@ class ToolCallIn(_Strict):
     function: CalledFunction
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     """``stream_options``: only usage reporting changes what Crescent sends."""
 
     include_usage: bool | None = None
@@ -120,7 +120,7 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
-class ChatMessage(_Strict):
+class ChatMessage(Strict):
     """One message of a conversation; ``content`` is text or a list of text parts."""
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -129,12 +129,12 @@ class ChatMessage(_Strict):
     tool_calls: list[ToolCallIn] | None = None  # assistant messages
     tool_call_id: str | None = None  # tool messages: the call this answers
     # Not supported; declared so the 400 can name them.
-    function_call: Any = _refused("none")
-    refusal: Any = _refused()
-    audio: Any = _refused()
+    function_call: Any = refused("none")
+    refusal: Any = refused()
+    audio: Any = refused()
 
 
-class _Generation(_Strict):
+class _Generation(Strict):
     """Fields chat and completions share."""
 
     model: str
@@ -165,8 +165,8 @@ class _Generation(_Strict):
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
     # Not supported unless they carry their neutral value.
-    prompt_cache_key: Any = _refused()
-    service_tier: Any = _refused("auto", "default")
+    prompt_cache_key: Any = refused()
+    service_tier: Any = refused("auto", "default")
     safety_identifier: str | None = None
 
 
@@ -180,18 +180,18 @@ class ChatCompletionRequest(_Generation):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
-    functions: Any = _refused([])
-    function_call: Any = _refused("none")
+    functions: Any = refused([])
+    function_call: Any = refused("none")
     response_format: ResponseFormat | None = None
-    audio: Any = _refused()
-    modalities: Any = _refused(["text"])
-    prediction: Any = _refused()
-    reasoning_effort: Any = _refused()
-    store: Any = _refused(False)
-    metadata: Any = _refused({})
-    web_search_options: Any = _refused()
-    verbosity: Any = _refused()
-    prompt_cache_retention: Any = _refused()
+    audio: Any = refused()
+    modalities: Any = refused(["text"])
+    prediction: Any = refused()
+    reasoning_effort: Any = refused()
+    store: Any = refused(False)
+    metadata: Any = refused({})
+    web_search_options: Any = refused()
+    verbosity: Any = refused()
+    prompt_cache_retention: Any = refused()
 
 
 class CompletionRequest(_Generation):
@@ -199,12 +199,12 @@ class CompletionRequest(_Generation):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
-    echo: Any = _refused(False)
-    best_of: Any = _refused(1)
-    suffix: Any = _refused()
+    echo: Any = refused(False)
+    best_of: Any = refused(1)
+    suffix: Any = refused()
 
 
-class TokenizeCompletionRequest(_Strict):
+class TokenizeCompletionRequest(Strict):
     """``POST /tokenize`` of a prompt text (vLLM's shape)."""
 
     model: str | None = None
@@ -213,7 +213,7 @@ class TokenizeCompletionRequest(_Strict):
     return_token_strs: bool | None = None
 
 
-class TokenizeChatRequest(_Strict):
+class TokenizeChatRequest(Strict):
     """``POST /tokenize`` of a conversation, rendered as ``/v1/chat/completions`` renders it."""
 
     model: str | None = None
@@ -222,7 +222,7 @@ class TokenizeChatRequest(_Strict):
     return_token_strs: bool | None = None
 
 
-class DetokenizeRequest(_Strict):
+class DetokenizeRequest(Strict):
     """``POST /detokenize``: token ids back to text."""
 
     model: str | None = None

@@ -233,5 +233,5 @@ def decode_step_seconds(coef: StepCoefficients, batch: int, context_tokens: int)
     ``context_tokens`` cached tokens in all."""
     # ``coef.step_seconds(batch, batch, context_tokens)``, the same operations in the same
     # order, inline: placement bounds every group of decode nodes with it.
-    attention = batch * (context_tokens + batch / 2) / max(batch, 1)
+    attention = batch * (context_tokens + batch / 2) / (batch if batch > 1 else 1)
     return coef.base_s + coef.per_token_s * batch + coef.per_attention_s * attention

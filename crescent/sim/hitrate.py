@@ -104,9 +104,11 @@ def replay(
     capacity_blocks: int | None,
     measure: str = "hits",
     params: Mapping[str, float] | None = None,
+    history_per_block: int | None = None,
 ) -> HitRate:
     """Serves ``records`` in order through a pool of ``policy`` (or the optimum), the policy
-    built with ``params``."""
+    built with ``params``; the pool remembers the use of ``history_per_block`` dropped blocks
+    per block of capacity (None: the pool's default)."""
     started = time.perf_counter()
     requests = [r.hash_ids for r in records]
     weight = _weights(measure, max((len(ids) for ids in requests), default=0))
@@ -121,7 +123,11 @@ def replay(
     elif policy == PLAIN_LRU:
         pool = PlainLru(capacity_blocks)
     else:
-        pool = BlockPool(capacity_blocks, make_policy(policy, **(params or {})))
+        history = None
+        if history_per_block is not None and capacity_blocks is not None:
+            history = history_per_block * capacity_blocks
+        policy_object = make_policy(policy, **(params or {}))
+        pool = BlockPool(capacity_blocks, policy_object, history_blocks=history)
     hits = requested = 0.0
     for record, ids in zip(records, requests, strict=True):
         found = pool.access(ids, record.timestamp_ms / 1000)
@@ -137,13 +143,15 @@ def hit_rates(
     measure: str = "hits",
     progress: Progress | None = None,
     params: Mapping[str, Mapping[str, float]] | None = None,
+    history_per_block: int | None = None,
 ) -> list[HitRate]:
     """Every policy at every capacity, policies outer; ``params`` by policy name."""
     runs = [(p, c) for p in policy_names for c in capacities]
     task = progress.add_task("replaying", total=len(runs)) if progress else None
     out: list[HitRate] = []
     for policy, capacity in runs:
-        out.append(replay(records, policy, capacity, measure, (params or {}).get(policy)))
+        policy_params = (params or {}).get(policy)
+        out.append(replay(records, policy, capacity, measure, policy_params, history_per_block))
         if progress is not None and task is not None:
             progress.advance(task)
     return out
@@ -235,6 +243,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--measure", choices=["hits", "seconds"], default="hits")
     parser.add_argument(
+        "--history-per-block",
+        type=int,
+        default=None,
+        metavar="N",
+        help="dropped blocks whose use the pool remembers, per block of capacity (default 4)",
+    )
+    parser.add_argument(
         "--param",
         action="append",
         default=[],
@@ -254,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     records = load_records(args)
     with Progress(console=Console(stderr=True), transient=True) as progress:
-        rows = hit_rates(records, policies, capacities, args.measure, progress, params)
+        rows = hit_rates(
+            records, policies, capacities, args.measure, progress, params, args.history_per_block
+        )
     if args.json:
         print(json.dumps(to_json(args, records, rows)))
     else:
@@ -271,6 +288,7 @@ def to_json(
         "blocks_requested": sum(len(r.hash_ids) for r in records),
         "measure": args.measure,
         "params": parse_params(args.param),
+        "history_per_block": args.history_per_block,
         "hit_rate": {
             p: {label(r.capacity_blocks): r.hit_rate for r in rows if r.policy == p}
             for p in dict.fromkeys(r.policy for r in rows)

@@ -115,3 +115,18 @@ def test_policy_parameters_reach_the_policy(capsys: pytest.CaptureFixture[str]) 
     assert json.loads(capsys.readouterr().out)["params"] == {"crescent": {"half_life_s": 9.0}}
     with pytest.raises(SystemExit):
         main([*argv, "--param", "nonsense"])
+
+
+def test_the_pool_s_memory_of_dropped_blocks_is_an_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    records = shared_prefix_workload(300, prompts=20, seed=2)
+    remembering = replay(records, "crescent", 60)
+    forgetting = replay(records, "crescent", 60, history_per_block=0)
+    assert remembering.hit_rate != forgetting.hit_rate
+    # LRU never looks at counts: what the pool remembers changes nothing.
+    lru = replay(records, "lru", 60)
+    assert replay(records, "lru", 60, history_per_block=0).hits == lru.hits
+    argv = ["--workload", "shared-prefix", "--limit", "50", "--capacities", "20", "--json"]
+    assert main([*argv, "--policies", "lru", "--history-per-block", "2"]) == 0
+    assert json.loads(capsys.readouterr().out)["history_per_block"] == 2

@@ -142,13 +142,15 @@ class CrescentPolicy(RankedPolicy):
     recompute the block at its depth (``RecomputeModel``: deeper blocks attend to more context).
 
     The reuse probability is learned from the tier's own stores and reads (``observe``, see
-    ``ReuseStatistics``; the tier remembers the counts of blocks it dropped a while, so a block
-    that returns is not taken for new). Until anything is learned every count gets an even
-    chance and the order is LRU's. So frequency counts for exactly as much as it predicts:
-    where a block read often is no likelier to come back (conversations that end at random)
-    the order stays LRU's; where it is (shared prompts, popular documents, the conversation
-    trace) blocks read often outlive fresh ones. The decay is recency: a block unread for
-    ``half_life_s`` is worth half as much, so a probability twice another's buys that long.
+    ``ReuseStatistics``). The tier remembers the counts of the last few blocks it dropped
+    (``reuse.AccessHistory``, ``HISTORY_PER_BLOCK`` per block held), so a block that returns
+    is not taken for new: that memory is most of what this policy finds beyond LRU. Until
+    anything is learned every count gets an even chance and the order is LRU's. So frequency
+    counts for exactly as much as it predicts: where a block read often is no likelier to
+    come back (conversations that end at random) the order stays LRU's; where it is (shared
+    prompts, popular documents, the conversation trace) blocks read often outlive fresh ones.
+    The decay is recency: a block unread for ``half_life_s`` is worth half as much, so a
+    probability twice another's buys that long.
 
     ``cost_weight`` prices depth: 1 weighs a hit by the recompute time it saves, 0 (the
     default) ranks by reuse alone. A deep block's hit needs its whole prefix held too, which
@@ -160,6 +162,14 @@ class CrescentPolicy(RankedPolicy):
     read only when the learned table is refreshed (``rank_version`` counts those changes;
     refreshes come after 1,000 observations, then at doubling intervals up to every 65,536).
     Among equals, least recently used.
+
+    What it cannot see: which new blocks will come back. On the conversation trace a quarter
+    do, and every group a tier can tell apart (depth, whether the prompt continues an earlier
+    one) returns at 15-31%, except a prompt's last block; knowing only *whether* each block
+    returns would find the offline optimum at 10K blocks. Ranking by read count and age with
+    perfect statistics of both (LHD's rank, ``crescent.sim.oracles``) finds little more than
+    this policy does, so richer counts or an age-shaped value would not close that gap
+    (docs/benchmarks.md, "Cache policies in the simulator").
     """
 
     name = "crescent"

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.costs import PlacementRequest
-from services.scheduler.timing import decode_step_seconds
+from services.scheduler.timing import StepCoefficients, decode_step_seconds
 
 #: Steps assumed when the step-time model says a step costs nothing.
 _MAX_STEPS = 1 << 24
@@ -53,11 +53,17 @@ def blocks_needed(node: NodeLoad, request: PlacementRequest) -> int:
 
 
 def forecast(
-    node: NodeLoad, view: ClusterView, request: PlacementRequest, at: float
+    node: NodeLoad,
+    view: ClusterView,
+    request: PlacementRequest,
+    at: float,
+    coef: StepCoefficients | None = None,
 ) -> DecodeForecast:
     """``node``'s load at ``at`` (see the module docstring). KV counts every placed request
-    still on its way, due by ``at`` or not: their blocks are spoken for either way."""
-    coef = view.timing.coefficients(node.node_id, "decode")
+    still on its way, due by ``at`` or not: their blocks are spoken for either way. ``coef``:
+    the node's step-time model when the caller has it (``view.timing.coefficients``)."""
+    if coef is None:
+        coef = view.timing.coefficients(node.node_id, "decode")
     arrivals = view.arriving(node.node_id)
     if arrivals is None:
         come = come_tokens = spoken_for = 0

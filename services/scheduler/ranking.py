@@ -59,8 +59,8 @@ def best_decodes(
     found: list[_Ranked] = []
     without_room: list[DecodeForecast] = []
 
-    def consider(node: NodeLoad) -> None:
-        f = forecast(node, view, request, at)
+    def consider(node: NodeLoad, coef: StepCoefficients | None = None) -> None:
+        f = forecast(node, view, request, at, coef)
         if not f.fits:
             without_room.append(f)
             return
@@ -104,7 +104,8 @@ def best_decodes(
                 raised = decode_step_seconds(coef, batch + come, context)
                 heapq.heappush(heap, (raised, batch + come, node_id, context, None))
                 continue
-        consider(view.nodes[node_id])
+        # A node of a group is one of those ``shared`` predicts: not ``alone``.
+        consider(view.nodes[node_id], coef)
     ranked = [f for _, f in found]
     if complete and len(ranked) < k:
         ranked += sorted(without_room, key=rank_key)[: k - len(ranked)]

@@ -44,6 +44,10 @@ class EngineSettings(BaseSettings):
         default="auto",
         description="auto: few-row matmuls read the GGUF's quantized blocks (fp32 on CPU)",
     )
+    fused_decode: bool = Field(
+        default=True,
+        description="A decode step as one call of the CPU kernels, where they load",
+    )
 
     @field_validator("cpu_affinity")
     @classmethod

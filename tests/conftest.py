@@ -97,7 +97,9 @@ def make_real_engine(
 ) -> RealEngineFactory:
     """A fresh engine (its own empty KV pool and prefix cache) around the shared model."""
 
-    def make(*, with_model: LlamaForCausalLM | None = None, **overrides: Any) -> LLMEngine:
+    def make(
+        *, with_model: LlamaForCausalLM | None = None, fused_decode: bool = True, **overrides: Any
+    ) -> LLMEngine:
         settings: dict[str, Any] = {
             "num_kv_blocks": 160,
             "max_model_len": model_files.config.max_position_embeddings,
@@ -105,7 +107,8 @@ def make_real_engine(
         }
         config = EngineConfig(**(settings | overrides))
         layout = KVLayout.for_model(model_files.config, config.block_size, "float32")
-        runner = ModelRunner(with_model or model, PagedKVCache(layout, config.num_kv_blocks))
+        cache = PagedKVCache(layout, config.num_kv_blocks)
+        runner = ModelRunner(with_model or model, cache, fused_decode)
         return LLMEngine(runner, config, model_files.config.model_id, grammars)
 
     return make

@@ -93,7 +93,7 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
         kv_dtype=dtype,
         eos_token_ids=tuple(sorted(eos)),
     )
-    runner = ModelRunner(model, PagedKVCache(layout, num_blocks, device))
+    runner = ModelRunner(model, PagedKVCache(layout, num_blocks, device), settings.fused_decode)
     grammars = Grammars(tokenizer.backend_json(), config.vocab_size, engine_config.eos_token_ids)
     engine = LLMEngine(runner, engine_config, config.model_id, grammars)
     return LoadedEngine(engine, tokenizer, files)

@@ -7,6 +7,7 @@ import torch
 from shared.engine.scheduler import SchedulerOutput
 from shared.engine.sequence import Sequence
 from shared.model.attention import AttentionMetadata, PrefillChunk
+from shared.model.fused_decode import MAX_FUSED_ROWS, FusedDecoder
 from shared.model.kv_cache import PagedKVCache
 from shared.model.llama import LlamaForCausalLM
 from shared.model.sampler import SampledToken, Sampler
@@ -16,12 +17,14 @@ class ModelRunner:
     """Owns the model, its paged KV tensor and the sampler; knows nothing of scheduling.
 
     Synchronous and blocking by design: a service hosting it calls ``execute`` from a worker
-    thread so its event loop stays free.
+    thread so its event loop stays free. A step of one-token rows runs as one fused call where
+    the model allows it (``FusedDecoder``), any other step op by op.
     """
 
-    def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache):
+    def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, fused_decode: bool = True):
         self.model = model
         self.cache = cache
+        self.fused = FusedDecoder.build(model) if fused_decode else None
         self.block_size = cache.layout.block_size
         self.device = cache.tensor.device
         self.sampler = Sampler(self.device)
@@ -32,18 +35,56 @@ class ModelRunner:
     def execute(self, step: SchedulerOutput) -> list[tuple[Sequence, SampledToken]]:
         """Computes the step's tokens and samples one token for each sequence that reached the
         end of its known tokens; returns those sequences with their tokens, in batch order."""
-        input_ids, positions, meta, sample_rows = self._prepare(step)
-        hidden = self.model(input_ids, positions, self.cache, meta)
         samplers = [c.seq for c in step.chunks if c.reaches_end]
+        if self._fits_fused(step):
+            logits = self._fused_logits(step)
+        else:
+            input_ids, positions, meta, sample_rows = self._prepare(step)
+            hidden = self.model(input_ids, positions, self.cache, meta)
+            if not samplers:
+                return []
+            logits = self.model.compute_logits(hidden[sample_rows])
         if not samplers:
             return []
-        logits = self.model.compute_logits(hidden[sample_rows])
         # The position in the whole completion, so that a resumed request draws what the
         # uninterrupted one would have.
         at = [s.params.output_offset + s.num_output_tokens for s in samplers]
         rules = [s.logits_processor for s in samplers]
         tokens = self.sampler.sample(logits, [s.params for s in samplers], at, rules)
         return list(zip(samplers, tokens, strict=True))
+
+    def _fits_fused(self, step: SchedulerOutput) -> bool:
+        chunks = step.chunks
+        return (
+            self.fused is not None
+            and 0 < len(chunks) <= MAX_FUSED_ROWS
+            and all(c.num_new == 1 for c in chunks)
+        )
+
+    def _fused_logits(self, step: SchedulerOutput) -> torch.Tensor:
+        """Logits of the step's sampling rows, from one fused call over every row."""
+        assert self.fused is not None
+        bs = self.block_size
+        ids: list[int] = []
+        lens: list[int] = []
+        tables: list[list[int]] = []
+        rows: list[int] = []
+        for i, chunk in enumerate(step.chunks):
+            seq, pos = chunk.seq, chunk.seq.num_computed_tokens
+            ids.append(seq.token_ids[pos])
+            lens.append(pos + 1)
+            tables.append([b.block_id for b in seq.block_table[: pos // bs + 1]])
+            if chunk.reaches_end:
+                rows.append(i)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        logits = self.fused(
+            torch.tensor(ids, dtype=torch.long),
+            torch.tensor(padded, dtype=torch.int32),
+            torch.tensor(lens, dtype=torch.int32),
+            self.cache.tensor,
+        )
+        return logits if len(rows) == len(step.chunks) else logits[rows]
 
     def _prepare(
         self, step: SchedulerOutput

@@ -169,6 +169,17 @@ def build_model(
     return model.eval()
 
 
+def decoder_layers(model: LlamaForCausalLM) -> list[LlamaDecoderLayer]:
+    """The model's layers, typed (``nn.ModuleList`` items are plain modules to a type checker)."""
+    return [cast(LlamaDecoderLayer, module) for module in model.layers]
+
+
+def layer_projections(layer: LlamaDecoderLayer) -> tuple[Linear, Linear, Linear, Linear]:
+    """A layer's projections in the order a forward pass runs them: QKV, output, gate/up, down."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj
+
+
 def attach_ggml_weights(model: LlamaForCausalLM, ggml: Mapping[str, GgmlBlocks]) -> None:
     """Gives each projection whose every part has kernel-readable blocks its packed weight."""
     config = model.config

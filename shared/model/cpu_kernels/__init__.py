@@ -25,7 +25,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("ggml_gemm.cpp")
+_HERE = Path(__file__).parent
+# Compiled together into one library; the headers are part of its cache key.
+SOURCES = tuple(_HERE / name for name in ("ggml_gemm.cpp", "decode_step.cpp", "decode_job.cpp"))
+HEADERS = tuple(sorted(_HERE.glob("*.h")))
 # -ffp-contract=off: the expansion of quantized weights must round a multiply and an add
 # separately, as the reference dequantizer does; the kernel spells out its own FMAs.
 CXXFLAGS = (
@@ -94,7 +97,7 @@ def _command(output: Path) -> list[str]:
         *CXXFLAGS,
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{include}",
-        str(SOURCE),
+        *(str(source) for source in SOURCES),
         f"-L{lib}",
         "-lc10",
         "-ltorch_cpu",
@@ -105,9 +108,11 @@ def _command(output: Path) -> list[str]:
 
 def library_path(cache_dir: Path) -> Path:
     """Where the build for this source, these flags and this torch lives in the cache."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for path in (*SOURCES, *HEADERS):
+        digest.update(path.read_bytes())
     digest.update("\0".join((*CXXFLAGS, _compiler(), torch.__version__)).encode())
-    return cache_dir / "kernels" / f"{SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+    return cache_dir / "kernels" / f"crescent-{digest.hexdigest()[:16]}.so"
 
 
 def _built_library(cache_dir: Path) -> Path:

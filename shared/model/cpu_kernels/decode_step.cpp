@@ -1,0 +1,159 @@
+// A whole decode step of a Llama-family model in one call: every layer of a batch of
+// sequences that each add one token, from token ids to next-token logits.
+//
+// Run op by op from Python, a batch-1 step of a small model spends more time between the
+// matmuls than in them: hundreds of tensor ops each cost their dispatch, and each parallel
+// region wakes the thread pool again. Here the step is one job for a pool of threads
+// (decode_job.h): they split every projection's output rows (ggml_tiles.h, reading the GGUF's
+// quantized blocks) and the attention by sequence, KV head and a fixed span of context.
+// Attention reads each sequence's K and V where they lie in the paged cache, with no gather,
+// and the new token's K and V are written into its slot as they are computed.
+//
+// How a row's numbers are computed depends only on that row and the model, never on which
+// thread runs what or on the other rows of the batch: a sequence's logits are the same alone
+// or batched, with any number of threads.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "decode_job.h"
+#include "thread_governor.h"
+
+namespace crescent {
+
+// Owns a model's weights for the fused step (the tensors are shared with the Python model,
+// not copied) and runs its steps, one at a time.
+class DecodeModel : public torch::CustomClassHolder {
+ public:
+  DecodeModel(at::Tensor embed, std::vector<at::Tensor> norms, std::vector<at::Tensor> packed,
+              std::vector<int64_t> qtypes, at::Tensor cos, at::Tensor sin,
+              std::vector<int64_t> dims, double eps) {
+    TORCH_CHECK(dims.size() == 6, "DecodeModel: dims are layers, hidden, intermediate, heads, "
+                "kv_heads, head_dim");
+    LlamaWeights& m = m_;
+    m.layers = dims[0], m.hidden = dims[1], m.inter = dims[2], m.heads = dims[3];
+    m.kv_heads = dims[4], m.head_dim = dims[5], m.eps = static_cast<float>(eps);
+    m.embed = embed.contiguous(), m.cos = cos.contiguous(), m.sin = sin.contiguous();
+    m.vocab = m.embed.size(0);
+    TORCH_CHECK(m.heads % m.kv_heads == 0, "DecodeModel: heads must be a multiple of kv_heads");
+    m.attend_span = attend_span_for(m.head_dim, m.group());
+    TORCH_CHECK(m.attend_span != nullptr, "DecodeModel: head_dim must be 64 or 128, with at most ",
+                kMaxGroup, " query heads per KV head");
+    TORCH_CHECK(m.hidden % 16 == 0 && m.inter % 16 == 0, "DecodeModel: widths must be multiples of 16");
+    TORCH_CHECK(m.embed.scalar_type() == at::kFloat && m.embed.dim() == 2 &&
+                    m.embed.size(1) == m.hidden, "DecodeModel: embed must be float32 [vocab, hidden]");
+    TORCH_CHECK(m.cos.scalar_type() == at::kFloat && m.cos.dim() == 2 &&
+                    m.cos.size(1) == m.head_dim && m.sin.sizes() == m.cos.sizes(),
+                "DecodeModel: rotary tables must be float32 [positions, head_dim]");
+    TORCH_CHECK(static_cast<int64_t>(norms.size()) == 2 * m.layers + 1, "DecodeModel: norms");
+    for (auto& n : norms) {
+      TORCH_CHECK(n.scalar_type() == at::kFloat && n.numel() == m.hidden, "DecodeModel: norm size");
+      m.norms.push_back(n.contiguous());
+    }
+    TORCH_CHECK(static_cast<int64_t>(packed.size()) == 4 * m.layers + 1 &&
+                    qtypes.size() == packed.size(), "DecodeModel: projections");
+    for (int64_t l = 0; l < m.layers; ++l) {
+      add_weight(packed[4 * l], qtypes[4 * l], m.qkv_width(), m.hidden);
+      add_weight(packed[4 * l + 1], qtypes[4 * l + 1], m.hidden, m.attn_width());
+      add_weight(packed[4 * l + 2], qtypes[4 * l + 2], 2 * m.inter, m.hidden);
+      add_weight(packed[4 * l + 3], qtypes[4 * l + 3], m.hidden, m.inter);
+    }
+    add_weight(packed.back(), qtypes.back(), m.vocab, m.hidden);
+  }
+
+  // Logits [rows, vocab] of the next token of each row. `kv` is the paged cache
+  // [blocks, layers, 2, block_size, kv_heads, head_dim] (float32), into which the new tokens'
+  // K and V are written; block_tables [rows, max_blocks] and context_lens [rows] are int32.
+  at::Tensor step(at::Tensor token_ids, at::Tensor block_tables, at::Tensor context_lens,
+                  at::Tensor kv) {
+    const Batch batch = check(token_ids, block_tables, context_lens, kv);
+    at::Tensor logits = at::empty({batch.rows, m_.vocab}, m_.embed.options());
+    if (batch.rows == 0) return logits;
+    at::init_num_threads();
+    std::lock_guard<std::mutex> lock(mutex_);
+    const int threads = governor_.threads_for_next_step(std::max(1, at::get_num_threads()));
+    const auto start = std::chrono::steady_clock::now();
+    auto job = std::make_shared<DecodeJob>(m_, batch, logits.data_ptr<float>(), threads);
+    WorkerPool::instance().run(job, threads - 1);
+    job->wait();
+    const auto wall = std::chrono::steady_clock::now() - start;
+    governor_.record(threads, std::chrono::duration_cast<std::chrono::nanoseconds>(wall).count(),
+                     job->waited_ns());
+    return logits;
+  }
+
+  // Steps run, steps run on one thread because the cores were taken, shared steps found
+  // contended, and of all threads' time in shared steps the total and the time spent waiting
+  // (ThreadGovernor).
+  std::vector<int64_t> stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const ThreadGovernor& g = governor_;
+    return {g.steps(), g.steps_alone(), g.contended_steps(), g.shared_ns(), g.shared_waited_ns()};
+  }
+
+ private:
+  void add_weight(const at::Tensor& packed, int64_t qtype, int64_t rows, int64_t cols) {
+    TORCH_CHECK(known_qtype(qtype), "DecodeModel: unsupported ggml type ", qtype);
+    TORCH_CHECK(cols % kBlock == 0 && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
+                    packed.is_contiguous() && packed.size(0) == rows &&
+                    packed.size(1) == cols / kBlock * packed_block_bytes(qtype),
+                "DecodeModel: a packed weight does not hold [", rows, ", ", cols, "]");
+    m_.weights.push_back({packed, packed.data_ptr<uint8_t>(), qtype, rows, cols, packed.size(1)});
+  }
+
+  Batch check(const at::Tensor& ids, const at::Tensor& tables, const at::Tensor& lens,
+              const at::Tensor& kv) const {
+    TORCH_CHECK(ids.scalar_type() == at::kLong && ids.dim() == 1 && ids.is_contiguous(),
+                "decode step: token_ids must be a contiguous int64 [rows]");
+    const int64_t rows = ids.size(0);
+    TORCH_CHECK(tables.scalar_type() == at::kInt && tables.dim() == 2 && tables.is_contiguous() &&
+                    tables.size(0) == rows, "decode step: block_tables must be int32 [rows, n]");
+    TORCH_CHECK(lens.scalar_type() == at::kInt && lens.dim() == 1 && lens.is_contiguous() &&
+                    lens.size(0) == rows, "decode step: context_lens must be int32 [rows]");
+    TORCH_CHECK(kv.device().is_cpu() && kv.scalar_type() == at::kFloat && kv.is_contiguous() &&
+                    kv.dim() == 6 && kv.size(1) == m_.layers && kv.size(2) == 2 &&
+                    kv.size(3) > 0 && kv.size(4) == m_.kv_heads && kv.size(5) == m_.head_dim,
+                "decode step: kv must be the model's contiguous float32 paged cache");
+    const int64_t* id = ids.data_ptr<int64_t>();
+    const int32_t* len = lens.data_ptr<int32_t>();
+    const int32_t* table = tables.data_ptr<int32_t>();
+    const int64_t block_size = kv.size(3);
+    int64_t max_spans = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      TORCH_CHECK(id[r] >= 0 && id[r] < m_.vocab, "decode step: token id ", id[r], " out of range");
+      TORCH_CHECK(len[r] >= 1 && len[r] <= m_.cos.size(0), "decode step: context length ", len[r],
+                  " out of range");
+      const int64_t blocks = (len[r] + block_size - 1) / block_size;
+      TORCH_CHECK(blocks <= tables.size(1), "decode step: block table too short");
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int32_t block = table[r * tables.size(1) + b];
+        TORCH_CHECK(block >= 0 && block < kv.size(0), "decode step: block id ", block,
+                    " out of range");
+      }
+      max_spans = std::max<int64_t>(max_spans, (len[r] + kSpanTokens - 1) / kSpanTokens);
+    }
+    return {rows, tables.size(1), block_size, id, table, len, kv.data_ptr<float>(), max_spans};
+  }
+
+  LlamaWeights m_;
+  ThreadGovernor governor_;
+  std::mutex mutex_;
+};
+
+}  // namespace crescent
+
+TORCH_LIBRARY(crescent, m) {
+  m.class_<crescent::DecodeModel>("DecodeModel")
+      .def(torch::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>,
+                       std::vector<int64_t>, at::Tensor, at::Tensor, std::vector<int64_t>,
+                       double>())
+      .def("step", &crescent::DecodeModel::step)
+      .def("stats", &crescent::DecodeModel::stats);
+}

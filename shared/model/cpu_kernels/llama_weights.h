@@ -1,0 +1,85 @@
+// What the fused decode step reads: a Llama-family model's weights and shape, and one step's
+// batch as it lies in the paged KV cache.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "attention_span.h"
+#include "ggml_tiles.h"
+#include "vector_math.h"
+
+namespace crescent {
+
+// A projection's packed GGUF blocks, [rows, cols] weights.
+struct Weight {
+  at::Tensor packed;  // keeps the bytes alive
+  const uint8_t* data;
+  int64_t qtype, rows, cols, row_bytes;
+};
+
+// Tiles [t0, t1) of y[M, rows] (+)= x[M, cols] . W^T on the calling thread.
+template <bool ADD>
+void weight_tiles(const Weight& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
+                  int64_t t0, int64_t t1) {
+  const auto args = std::make_tuple(x, ldx, M, w.data, w.row_bytes, w.rows, w.cols, y, ldy, t0, t1);
+  if (w.qtype == kQ4_1) std::apply(gemm_tiles<kQ4_1, ADD>, args);
+  else if (w.qtype == kQ4_0) std::apply(gemm_tiles<kQ4_0, ADD>, args);
+  else std::apply(gemm_tiles<kQ8_0, ADD>, args);
+}
+
+// Tokens of context one attention work item covers: short enough that a single long sequence
+// still splits between the threads, long enough that merging the spans costs little.
+constexpr int64_t kSpanTokens = 128;
+constexpr int64_t kMaxGroup = 8;  // query heads per KV head
+constexpr int64_t kMaxHeadDim = 128;
+
+// One step's rows, checked: each adds one token at position context_lens[r] - 1.
+struct Batch {
+  int64_t rows, max_blocks, block_size;
+  const int64_t* token_ids;
+  const int32_t* block_tables;  // [rows, max_blocks]
+  const int32_t* context_lens;  // [rows]: tokens attended to, the new one included
+  float* kv;  // [blocks, layers, 2, block_size, kv_heads, head_dim]
+  int64_t max_spans;
+
+  int64_t spans(int64_t row) const { return (context_lens[row] + kSpanTokens - 1) / kSpanTokens; }
+};
+
+// A model's weights in the order the step uses them. Invariant: the shapes agree with the dims
+// (checked where it is built).
+struct LlamaWeights {
+  int64_t layers, hidden, inter, heads, kv_heads, head_dim, vocab;
+  float eps;
+  at::Tensor embed, cos, sin;  // [vocab, hidden]; rotary tables [positions, head_dim]
+  std::vector<at::Tensor> norms;  // per layer: before attention, before the MLP; then final
+  std::vector<Weight> weights;  // per layer: qkv, o, gate_up, down; then the output head
+  AttendSpan attend_span = nullptr;
+
+  int64_t group() const { return heads / kv_heads; }
+  int64_t qkv_width() const { return (heads + 2 * kv_heads) * head_dim; }
+  int64_t attn_width() const { return heads * head_dim; }
+  int64_t partial_size() const { return head_dim + 2; }  // max, sum, weighted values
+  const Weight& weight(int64_t layer, int64_t which) const { return weights[4 * layer + which]; }
+  const float* norm(int64_t index) const { return norms[index].data_ptr<float>(); }
+
+  float* kv_slot(const Batch& b, int64_t row, int64_t layer, int64_t kind, int64_t pos,
+                 int64_t kv_head) const {
+    const int64_t block = b.block_tables[row * b.max_blocks + pos / b.block_size];
+    const int64_t chunk = (block * layers + layer) * 2 + kind;
+    return b.kv + ((chunk * b.block_size + pos % b.block_size) * kv_heads + kv_head) * head_dim;
+  }
+  void rms_norm(const float* x, const float* weight, float* out, int64_t rows) const {
+    for (int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * hidden, weight, out + r * hidden, hidden, eps);
+  }
+  void rotate(const float* x, int64_t pos, float* out) const {
+    rotate_half(x, cos.data_ptr<float>() + pos * head_dim, sin.data_ptr<float>() + pos * head_dim,
+                out, head_dim);
+  }
+};
+
+}  // namespace crescent

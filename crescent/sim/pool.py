@@ -191,14 +191,39 @@ class BlockPool(HitCounters):
         return True
 
     def _replay(self) -> None:
-        """Serves the logged accesses through the policy's index, and every access after."""
+        """Hands the blocks of the logged accesses to the policy's index, as ``_serve``
+        would have left them (nothing was evicted, nothing is remembered), and serves every
+        access after through it."""
         log, self._log = self._log, None
         if log is None:
             return
         self._holding = self._index.blocks
         self._held = set()
+        infos: dict[bytes, BlockInfo] = {}
+        observe, block_bytes, clock = self._observe, self.block_bytes, self._clock
         for keys, now in log:
-            self._serve(keys, now)
+            if not keys:
+                continue
+            stamp = max(now, clock + TICK_S)  # as in ``_serve``
+            parent = ROOT
+            for depth, key in enumerate(keys):
+                if depth:
+                    stamp += TICK_S
+                info = infos.get(key)
+                if info is not None:
+                    info.last_access = stamp
+                    info.access_count += 1
+                    count = info.access_count
+                else:
+                    count = 0
+                    infos[key] = BlockInfo(key, parent, block_bytes, depth, stamp, stamp, 0)
+                if observe is not None:
+                    observe(count)
+                parent = key
+            clock = stamp
+        self._clock = clock
+        self._index.add_all(infos.values())
+        self._rank_version = self._policy_rank_version()
 
     def _serve(self, keys: Sequence[bytes], now: float) -> None:
         """Reads or stores every block of ``keys`` in the index, then evicts to capacity."""

@@ -141,11 +141,12 @@ class ClusterView:
         self._reindex(node)
 
     def _reindex(self, node: NodeLoad) -> None:
-        if node.role == "prefill":
+        role = node.role
+        if role == "prefill":
             self.prefill_index.put(node, self.pricing_class(node))
-        else:
+        elif node.node_id in self.prefill_index.where:  # a node whose role changed
             self.prefill_index.remove(node.node_id)
-        if node.role == "decode":
+        if role == "decode":
             if self.decode_index.version == self.timing.version:
                 self.decode_index.put(node)
         else:
@@ -260,7 +261,10 @@ class ClusterView:
         if prefill is not None:
             prefill.placed_tokens += entry.prefill_tokens
             self._reindex(prefill)
-        self._arrivals.setdefault(entry.decode_node, Arrivals()).add(entry)
+        arrivals = self._arrivals.get(entry.decode_node)
+        if arrivals is None:
+            arrivals = self._arrivals[entry.decode_node] = Arrivals()
+        arrivals.add(entry)
 
     def withdraw(self, request_id: str) -> bool:
         """Uncounts a placed request that will not arrive (its task was refused or never

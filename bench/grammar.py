@@ -32,11 +32,17 @@ import torch
 
 from bench.grammar_schemas import FEATURES, ORDER, ORDER_INSTANCE
 from shared.model.files import default_cache_dir, resolve_model
-from shared.model.logits_processing import apply_bitmask
+from shared.model.logits_processing import apply_bitmask as apply_row
 from shared.model.tokenizer import Tokenizer
 
 VOCAB = 49152
 EOS = 2
+
+
+def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor) -> None:
+    """Crescent's way: row by row, in numpy."""
+    for row, words in zip(logits.numpy(), mask.numpy(), strict=True):
+        apply_row(row, words)
 
 
 class Library:

@@ -12,6 +12,10 @@ filters (``shared.model.sampler``):
 4. ``min_tokens``: while the completion is shorter, its stop tokens (the end-of-sequence ids
    unless ``ignore_eos``, and ``stop_token_ids``) get ``-inf``;
 5. the grammar: every token it does not allow next gets ``-inf``.
+
+The rules run on numpy arrays, one row at a time: a row is 49,152 values here, and numpy's
+single-threaded loops cost a few microseconds each where torch's elementwise ops wake a team
+of threads for every one of them.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 import numpy as np
-import torch
 
 from shared.model.grammar import GrammarMatcher
 from shared.sampling_params import SamplingParams
@@ -32,13 +35,11 @@ def bitmask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-def apply_bitmask(logits: torch.Tensor, mask: torch.Tensor) -> None:
-    """Sets to ``-inf`` every logit of ``logits[b, t]`` whose bit ``t`` of ``mask[b]`` is 0
-    (``mask``: int32 words on the CPU, low bit first)."""
-    # numpy unpacks bits in one C loop; torch's shift-and-mask takes several passes.
-    bits = np.unpackbits(mask.numpy().view(np.uint8), axis=-1, bitorder="little")
-    allowed = torch.from_numpy(bits.view(np.bool_)[:, : logits.shape[-1]])
-    logits.masked_fill_(~allowed.to(logits.device), _NEG_INF)
+def apply_bitmask(row: np.ndarray, mask: np.ndarray) -> None:
+    """Sets to ``-inf`` every value of ``row`` whose bit in ``mask`` (int32 words, low bit
+    first) is 0."""
+    bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[: row.shape[-1]]
+    row[bits == 0] = _NEG_INF
 
 
 class SequenceLogitsProcessor:
@@ -65,19 +66,19 @@ class SequenceLogitsProcessor:
         self.matcher = matcher
         self.generated = 0
         p = params
-        self._counts: torch.Tensor | None = None
+        self._counts: np.ndarray | None = None
         if p.frequency_penalty or p.presence_penalty:
-            self._counts = torch.zeros(vocab_size)
-        self._seen: torch.Tensor | None = None
+            self._counts = np.zeros(vocab_size, dtype=np.float32)
+        self._seen: np.ndarray | None = None
         if p.repetition_penalty != 1.0:
-            self._seen = torch.zeros(vocab_size, dtype=torch.bool)
-            self._seen[torch.tensor(list(prompt), dtype=torch.long)] = True
-        self._bias: tuple[torch.Tensor, torch.Tensor] | None = None
+            self._seen = np.zeros(vocab_size, dtype=np.bool_)
+            self._seen[np.asarray(prompt, dtype=np.int64)] = True
+        self._bias: tuple[np.ndarray, np.ndarray] | None = None
         if p.logit_bias:
             ids, values = zip(*p.logit_bias, strict=True)
-            self._bias = (torch.tensor(ids), torch.tensor(values, dtype=torch.float32))
+            self._bias = (np.asarray(ids, dtype=np.int64), np.asarray(values, dtype=np.float32))
         stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
-        self._banned = torch.tensor(sorted(stops), dtype=torch.long)
+        self._banned = np.asarray(sorted(stops), dtype=np.int64)
         start = len(prompt) - p.output_offset
         for token in prompt[start:] if p.output_offset else ():
             self._count(token)
@@ -99,25 +100,25 @@ class SequenceLogitsProcessor:
         """The grammar is complete: nothing but an end-of-sequence token may follow."""
         return self.matcher is not None and self.matcher.finished
 
-    def apply(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+    def apply(self, row: np.ndarray, mask: np.ndarray | None = None) -> None:
         """Applies every rule, in place, to one row of float32 logits. ``mask`` is a scratch
-        bitmask row (int32, contiguous) the grammar is written into."""
+        bitmask (int32, contiguous) the grammar is written into."""
         p = self.params
         if self._bias is not None:
-            ids, values = self._bias
-            logits.index_add_(0, ids, values)
+            np.add.at(row, *self._bias)
         if self._seen is not None:
-            r = p.repetition_penalty
-            scaled = torch.where(logits > 0, logits / r, logits * r)
-            logits.copy_(torch.where(self._seen, scaled, logits))
+            r = np.float32(p.repetition_penalty)
+            positive = row > 0
+            row[self._seen & positive] /= r
+            row[self._seen & ~positive] *= r
         if self._counts is not None:
-            penalty = self._counts * p.frequency_penalty
-            penalty += (self._counts > 0).float() * p.presence_penalty
-            logits -= penalty
-        if self.generated < p.min_tokens and self._banned.numel():
-            logits[self._banned] = _NEG_INF
+            penalty = self._counts * np.float32(p.frequency_penalty)
+            penalty += (self._counts > 0).astype(np.float32) * np.float32(p.presence_penalty)
+            row -= penalty
+        if self.generated < p.min_tokens and self._banned.size:
+            row[self._banned] = _NEG_INF
         if self.matcher is not None:
             if mask is None:
-                mask = torch.empty(bitmask_words(logits.shape[-1]), dtype=torch.int32)
-            self.matcher.fill_bitmask(mask.data_ptr(), mask.numel() * 4)
-            apply_bitmask(logits.unsqueeze(0), mask.unsqueeze(0))
+                mask = np.empty(bitmask_words(row.shape[-1]), dtype=np.int32)
+            self.matcher.fill_bitmask(mask.ctypes.data, mask.nbytes)
+            apply_bitmask(row, mask)

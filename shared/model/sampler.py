@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from shared.model.logits_processing import SequenceLogitsProcessor, bitmask_words
@@ -134,13 +135,13 @@ class Sampler:
         if not any(processors):
             return logits, {}
         processed = logits.float().clone()
-        mask = torch.empty(bitmask_words(logits.shape[-1]), dtype=torch.int32)
+        mask = np.empty(bitmask_words(logits.shape[-1]), dtype=np.int32)
         failed: dict[int, str] = {}
         for row, processor in enumerate(processors):
             if processor is None:
                 continue
             try:
-                processor.apply(processed[row], mask)
+                _apply_on_cpu(processor, processed[row], mask)
             except Exception as exc:
                 log.exception("processing the logits of row %d failed", row)
                 failed[row] = f"processing the logits failed: {exc!r}"[:512]
@@ -170,6 +171,16 @@ class Sampler:
             return self._random
         self._seeded.manual_seed(position_seed(seed, position))
         return self._seeded
+
+
+def _apply_on_cpu(processor: SequenceLogitsProcessor, row: torch.Tensor, mask: np.ndarray) -> None:
+    """The rules run on a numpy view of the row (a copy, written back, on another device)."""
+    if row.device.type == "cpu":
+        processor.apply(row.numpy(), mask)
+        return
+    on_cpu = row.cpu()
+    processor.apply(on_cpu.numpy(), mask)
+    row.copy_(on_cpu)
 
 
 def position_seed(seed: int, position: int) -> int:

@@ -53,7 +53,7 @@ def processed(
     for token in completion:
         assert rules.accept(token)
     row = logits.clone()
-    rules.apply(row)
+    rules.apply(row.numpy())
     return row.tolist()
 
 
@@ -116,7 +116,7 @@ def test_a_resumed_sequence_counts_the_completion_that_ends_its_prompt() -> None
     for token in completion[12:]:
         rules.accept(token)
     row = logits.clone()
-    rules.apply(row)
+    rules.apply(row.numpy())
     assert row.tolist() == straight
     assert rules.generated == len(completion)
 
@@ -126,7 +126,8 @@ def test_apply_bitmask_keeps_exactly_the_set_bits() -> None:
     logits = torch.randn(3, 70, generator=gen)
     mask = torch.randint(-(2**31), 2**31 - 1, (3, 3), dtype=torch.int32, generator=gen)
     out = logits.clone()
-    apply_bitmask(out, mask)
+    for b in range(3):
+        apply_bitmask(out[b].numpy(), mask[b].numpy())
     for b in range(3):
         for t in range(70):
             allowed = (int(mask[b, t // 32]) >> (t % 32)) & 1
@@ -148,7 +149,7 @@ def test_the_sampler_picks_the_processed_argmax_and_reports_raw_logprobs() -> No
 
 def test_a_row_whose_rules_fail_fails_alone() -> None:
     class Broken(SequenceLogitsProcessor):
-        def apply(self, logits: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        def apply(self, row: np.ndarray, mask: np.ndarray | None = None) -> None:
             raise RuntimeError("boom")
 
     logits = torch.randn(2, VOCAB)

@@ -19,7 +19,7 @@ from shared.messages import TokenChunk
 from shared.node.chunks import output_chunk, request_salt
 from shared.node.decode_timer import DecodeTimer
 from shared.node.ledger import Stage
-from shared.node.puller import PullSource
+from shared.node.puller import HANDOFF, PullSource
 from shared.node.runtime import NodeRuntime
 
 if TYPE_CHECKING:
@@ -138,6 +138,7 @@ class DecodeRole:
             handoff.lease_id,
             source_ids,
             checksums,
+            HANDOFF,
         )
         return await self.node.puller.pull(source, slot.block_ids) == len(source_ids)
 
@@ -223,7 +224,7 @@ class DecodeRole:
         if holding is None:
             return
         index = holding.next_index
-        await node.abort(rid)
+        await node.abort(rid, reason="migrated")
         await node.send(TokenChunk(request_id=rid, index=index, token_ids=[], migrate=True))
 
     def describe(self, status: NodeStatus) -> None:

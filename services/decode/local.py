@@ -90,6 +90,8 @@ class LocalPrefills:
         block_size = self.node.engine.config.block_size
         holding.num_cached_tokens = out.num_cached_tokens
         holding.cached_by_tier = arrival.fetched.tokens_by_tier(out.num_cached_tokens, block_size)
+        by_source = arrival.fetched.tokens_by_source(out.num_cached_tokens, block_size)
+        self.node.metrics.served_from_cache(by_source)
         holding.timer = DecodeTimer(now, running_at=now, first_at=now, last_at=now, outputs=1)
         if out.admitted_at < arrival.arrived:
             return {}

@@ -115,6 +115,7 @@ class PrefillRole:
             )
         block_size = node.engine.config.block_size
         chunk.cached_by_tier = fetched.tokens_by_tier(out.num_cached_tokens, block_size)
+        node.metrics.served_from_cache(fetched.tokens_by_source(out.num_cached_tokens, block_size))
         chunk.finish_reason = (chunk.finish_reason or FinishReason.LENGTH.value) if done else None
         node.ledger.record(rid, chunk.token_ids, chunk.logprobs)
         holding = node.ledger.active(rid)

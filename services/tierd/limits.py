@@ -43,5 +43,6 @@ class TierCounters:
 
     written: dict[str, int] = field(default_factory=lambda: {NVME: 0, S3: 0})
     deleted: dict[str, int] = field(default_factory=dict)  # by reason
+    evicted: dict[tuple[str, str], int] = field(default_factory=dict)  # by (tier, reason)
     corrupt: dict[str, int] = field(default_factory=lambda: {NVME: 0, S3: 0})
     refused: int = 0  # offered blocks tierd could not keep (no room, over quota)

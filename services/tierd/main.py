@@ -104,7 +104,9 @@ class TierdService:
         )
         if s.metrics_port is not None:
             registry = CollectorRegistry()
-            metrics = TierdMetrics(node, self.tiering, self.reader, self.sinker, self.staging)
+            metrics = TierdMetrics(
+                node, self.tiering, self.reader, self.sinker, self.staging, s.eviction_policy
+            )
             registry.register(metrics)
             self.ops = OpsServer(s.metrics_host, s.metrics_port, lambda: bus.connected, registry)
             self.ops.start()

@@ -18,9 +18,16 @@ class TierdMetrics(Collector):
     """Owns nothing: every scrape reads the live counters of the parts it was given."""
 
     def __init__(
-        self, node_id: str, tiering: Tiering, reader: TierReader, sinker: Sinker, staging: Staging
+        self,
+        node_id: str,
+        tiering: Tiering,
+        reader: TierReader,
+        sinker: Sinker,
+        staging: Staging,
+        policy: str = "",
     ) -> None:
         self.node_id = node_id
+        self.policy = policy
         self.tiering = tiering
         self.reader = reader
         self.sinker = sinker
@@ -41,6 +48,8 @@ class TierdMetrics(Collector):
                 used.add_metric([node, tier], store.used_bytes)
         yield blocks
         yield used
+        yield self._capacity()
+        yield self._evicted()
         yield _per_tier(
             "crescent_tierd_corrupt_blocks",
             "stored blocks found damaged on read and dropped",
@@ -80,6 +89,29 @@ class TierdMetrics(Collector):
         up = GaugeMetricFamily("crescent_tierd_s3_up", "1 while S3 is usable", labels=["node"])
         up.add_metric([node], 1.0 if t.s3_usable else 0.0)
         yield up
+
+    def _capacity(self) -> GaugeMetricFamily:
+        t = self.tiering
+        capacity = GaugeMetricFamily(
+            "crescent_tierd_capacity_bytes",
+            "bytes each tier may hold (0: S3 unbounded)",
+            labels=["node", "tier"],
+        )
+        capacity.add_metric([self.node_id, NVME], t.nvme.capacity_bytes)
+        if t.s3 is not None:
+            capacity.add_metric([self.node_id, S3], t.limits.s3_capacity_bytes)
+        return capacity
+
+    def _evicted(self) -> CounterMetricFamily:
+        evicted = CounterMetricFamily(
+            "crescent_tierd_evicted_blocks",
+            "block copies evicted from a tier, by the eviction policy that chose them and why "
+            "(capacity, quota, ttl)",
+            labels=["node", "tier", "policy", "reason"],
+        )
+        for (tier, reason), count in sorted(self.tiering.counters.evicted.items()):
+            evicted.add_metric([self.node_id, tier, self.policy, reason], count)
+        return evicted
 
 
 def _per_tier(name: str, doc: str, node: str, values: dict[str, int]) -> CounterMetricFamily:

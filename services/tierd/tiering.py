@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 S3_RETRY_S = 2.0
 #: Blocks moved to S3 concurrently in one round.
 MOVE_BATCH = 16
+#: The deletion reason of an NVMe copy whose block went on to S3: a move, not an eviction.
+MOVED = "moved"
 
 
 class Tiering:
@@ -224,7 +226,7 @@ class Tiering:
             moved.extend(h for h in batch if S3 in self.holdings.tiers_of(h))
             if len(listed) < len(batch) and not self.s3_usable:
                 break
-        await self._drop_copies(moved, NVME, "moved")
+        await self._drop_copies(moved, NVME, MOVED)
         return bool(moved)
 
     async def _upload(self, block_hash: bytes) -> BlockHeader | None:
@@ -277,7 +279,10 @@ class Tiering:
                 continue
             deleted += 1
             gone += self.holdings.remove(block_hash, tier)
-        self.counters.deleted[reason] = self.counters.deleted.get(reason, 0) + deleted
+        counters = self.counters
+        counters.deleted[reason] = counters.deleted.get(reason, 0) + deleted
+        if reason != MOVED:
+            counters.evicted[tier, reason] = counters.evicted.get((tier, reason), 0) + deleted
         return gone
 
     def _s3(self) -> S3Store:

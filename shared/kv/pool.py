@@ -134,6 +134,7 @@ class BlockPool:
         self._stored: dict[BlockHash, None] = {}
         self._evicted: dict[BlockHash, None] = {}
         self.num_unsunk = 0
+        self.num_evicted = 0  # cached blocks taken for new ones since start
 
     @property
     def num_free_blocks(self) -> int:
@@ -255,6 +256,7 @@ class BlockPool:
         block_hash = block.block_hash
         assert block_hash is not None
         del self._cached[block_hash]
+        self.num_evicted += 1
         if block.parent_hash is not None:
             siblings = self._children[block.parent_hash]
             siblings.remove(block)

@@ -14,12 +14,16 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.kv.block_file import BlockFormatError, Layout, file_name, read_into
 from shared.kv.hashing import BlockHash
 from shared.kv.tiers import NVME, bandwidth_key
 from shared.model.kv_cache import PagedKVCache
 from shared.node.puller import FetchBandwidth
+
+if TYPE_CHECKING:
+    from shared.node.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 #: One fetch in this many takes the path that measured slower, to keep measuring it.
@@ -56,6 +60,7 @@ class DirectReader:
         self.bandwidth = FetchBandwidth()
         self.corrupt_blocks = 0
         self._choices = 0
+        self.metrics: NodeMetrics | None = None
 
     def prefer(self, tierd_id: str, via_tierd_rate: float | None) -> bool:
         """Whether the next NVMe fetch from ``tierd_id`` reads the files here rather than
@@ -82,7 +87,12 @@ class DirectReader:
         started = time.perf_counter()
         result = await asyncio.to_thread(self._read_all, hashes, dest_block_ids)
         num_bytes = result.verified * self.layout.num_bytes
-        self.bandwidth.record("direct", num_bytes, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.bandwidth.record("direct", num_bytes, seconds)
+        if self.metrics is not None:
+            self.metrics.pulled("file", NVME, num_bytes, seconds, ok=not result.corrupt)
+            if result.corrupt:
+                self.metrics.corrupt(NVME, len(result.corrupt))
         return result
 
     def _read_all(self, hashes: list[BlockHash], dest_block_ids: list[int]) -> DirectRead:

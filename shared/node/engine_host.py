@@ -35,6 +35,8 @@ class LoadSnapshot:
     timings: list[StepTiming]
     finishing: list[tuple[int, int]]
     unsunk_blocks: int = 0
+    cached_blocks: int = 0
+    pool_evictions: int = 0
 
 
 def engine_thread() -> ThreadPoolExecutor:
@@ -233,7 +235,11 @@ class EngineHost:
                 (max(s.params.max_tokens - s.num_output_tokens, 0), s.num_tokens) for s in running
             )[:MAX_FINISHING]
             stats = dataclasses.replace(engine.stats)
-            return LoadSnapshot(engine.load(), stats, timings, finishing, engine.pool.num_unsunk)
+            pool = engine.pool
+            return LoadSnapshot(
+                engine.load(), stats, timings, finishing, pool.num_unsunk,
+                pool.num_cached_blocks, pool.num_evicted,
+            )  # fmt: skip
 
         return await self._book(take)
 

@@ -4,7 +4,7 @@ leases on blocks waiting for a pull, and who asked for each. Pure bookkeeping, n
 from __future__ import annotations
 
 import secrets
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -86,6 +86,8 @@ class Ledger:
         self.lease_ttl_s = lease_ttl_s
         self._holdings: OrderedDict[str, Holding] = OrderedDict()
         self._leases: dict[str, Lease] = {}
+        #: Requests ended, by outcome (a finish reason, ``error``, ``abort``...), for metrics.
+        self.outcomes: Counter[str] = Counter()
 
     # -- requests -----------------------------------------------------------------------
 
@@ -131,6 +133,7 @@ class Ledger:
         if holding is None or not holding.active:
             return None
         holding.stage = Stage.DONE
+        self.outcomes["error" if error is not None else reason or "stop"] += 1
         holding.finish_reason = reason
         holding.error = error
         holding.error_code = error_code

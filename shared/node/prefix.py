@@ -25,7 +25,7 @@ from shared.kv.hashing import BlockHash
 from shared.kv.tiers import DRAM, LOWER_TIERS, NVME, S3, bandwidth_key
 from shared.node.direct import DirectReader
 from shared.node.engine_host import EngineHost
-from shared.node.puller import BlockPuller, PullSource
+from shared.node.puller import PEER, BlockPuller, PullSource
 from shared.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,13 @@ class FetchedPrefix:
             left -= split[tier]
         split[DRAM] = left
         return split
+
+    def tokens_by_source(self, num_cached_tokens: int, block_size: int) -> dict[str, int]:
+        """``num_cached_tokens`` split by where they were found: this node's ``pool``, a
+        ``peer``'s pool, or a tierd's ``nvme`` or ``s3``; what no pull brought was the pool's."""
+        split = self.tokens_by_tier(num_cached_tokens, block_size)
+        peer = min(split[DRAM], self.blocks_by_tier.get(DRAM, 0) * block_size)
+        return {"pool": split[DRAM] - peer, PEER: peer, NVME: split[NVME], S3: split[S3]}
 
 
 class PrefixFetcher:
@@ -176,7 +183,7 @@ class PrefixFetcher:
             return
         try:
             if pin.block_ids:
-                pulled = await self._pull(prompt, salt, hashes, first, key, pin)
+                pulled = await self._pull(prompt, salt, hashes, first, key, pin, plan.tier)
                 if pulled is not None:
                     fetched.add(*pulled, plan.tier, pin.block_tiers)
         finally:
@@ -192,6 +199,7 @@ class PrefixFetcher:
         first: int,
         source: str,
         pin: PinReply,
+        tier: str,
     ) -> tuple[PrefixImport, list[int]] | None:
         count = min(len(pin.block_ids), len(pin.block_checksums))
         imp = await self.engine.begin_prefix_import(prompt, salt, hashes, first, count)
@@ -204,6 +212,7 @@ class PrefixFetcher:
             pin.lease_id,
             pin.block_ids,
             pin.block_checksums,
+            PEER if tier == DRAM else tier,
         )
         verified = await self.puller.pull(origin, imp.block_ids)
         return imp, pin.block_checksums[:verified]

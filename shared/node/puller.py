@@ -7,12 +7,19 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from shared.kv.hashing import block_checksum
 from shared.model.kv_cache import PagedKVCache
 from shared.transfer.base import TransferClient, TransferError, create_client
 
+if TYPE_CHECKING:
+    from shared.node.metrics import NodeMetrics
+
 log = logging.getLogger(__name__)
+#: What a pull's blocks are, for the metrics: a prefill node's hand-off, or a cached prefix
+#: from another node's pool (``peer``) or a tierd's tier (``nvme``, ``s3``).
+HANDOFF, PEER = "handoff", "peer"
 
 
 @dataclass(slots=True)
@@ -33,7 +40,8 @@ class FetchBandwidth:
 
 @dataclass(frozen=True, slots=True)
 class PullSource:
-    """Blocks another node holds for us under ``lease_id``, with the checksum of each."""
+    """Blocks another node holds for us under ``lease_id``, with the checksum of each;
+    ``kind`` says what they are (``HANDOFF``, ``PEER``, or the tier a tierd read them from)."""
 
     node_id: str
     transfer_kind: str
@@ -41,6 +49,7 @@ class PullSource:
     lease_id: str
     block_ids: list[int]
     checksums: list[int]
+    kind: str = PEER
 
 
 class BlockPuller:
@@ -60,6 +69,7 @@ class BlockPuller:
         self.pulls_ok = 0
         self.pulls_failed = 0
         self.blocks_pulled = 0
+        self.metrics: NodeMetrics | None = None
 
     async def pull(self, source: PullSource, dest_block_ids: list[int]) -> int:
         """Fills ``dest_block_ids`` with the first ``len(dest_block_ids)`` source blocks;
@@ -76,13 +86,18 @@ class BlockPuller:
             )
         except TransferError as exc:
             self.pulls_failed += 1
+            self._observe(source, 0, time.perf_counter() - started, ok=False)
             log.warning("pull from %s failed (%s); computing instead", source.node_id, exc)
             return 0
-        self.bandwidth.record(source.node_id, received, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.bandwidth.record(source.node_id, received, seconds)
         sums = await asyncio.to_thread(lambda: [block_checksum(d.data) for d in dest])
         verified = _leading_matches(sums, source.checksums[:count])
+        self._observe(source, received, seconds, ok=verified == count)
         if verified < count:
             self.pulls_failed += 1
+            if self.metrics is not None:
+                self.metrics.corrupt(source.kind)
             log.warning(
                 "block %d pulled from %s is corrupt; computing it", verified, source.node_id
             )
@@ -90,6 +105,10 @@ class BlockPuller:
             self.pulls_ok += 1
         self.blocks_pulled += verified
         return verified
+
+    def _observe(self, source: PullSource, num_bytes: int, seconds: float, ok: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.pulled(source.transfer_kind, source.kind, num_bytes, seconds, ok)
 
     def _client(self, kind: str) -> TransferClient:
         client = self.clients.get(kind)

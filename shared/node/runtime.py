@@ -105,6 +105,7 @@ class NodeRuntime:
         self.tasks: list[asyncio.Task[None]] = []
         self.metrics = NodeMetrics(self.node_id, role)
         self.ledger = Ledger(settings.lease_ttl_s)
+        self.metrics.outcomes = self.ledger.outcomes
         self.ops: OpsServer | None = None
         self.catalogue: CatalogueSync | None = None
         self.role: NodeRole | None = None
@@ -129,8 +130,11 @@ class NodeRuntime:
         cache = self.engine.runner.cache
         self.host = EngineHost(self.engine, self._on_outputs, s.step_timeout_s, thread)
         self.puller = BlockPuller(cache, s.pull_timeout_s)
+        self.puller.metrics = self.metrics
         self.blocks = BlockServer(self.host, cache, self.ledger, s.transfer, self.server.address)
         self.direct = self._direct_reader(s, cache)
+        if self.direct is not None:
+            self.direct.metrics = self.metrics
         self.sinks = SinkServer(
             self.host, self.ledger, s.transfer, self.server.address, cache.layout.block_bytes
         )
@@ -238,14 +242,14 @@ class NodeRuntime:
         index = holding.next_index if holding is not None else 0
         await self.send(error_chunk(request_id, message, code, index))
 
-    async def abort(self, request_id: str) -> None:
-        """Stops a request here: role state, engine, leases, ledger."""
+    async def abort(self, request_id: str, reason: str = "abort") -> None:
+        """Stops a request here: role state, engine, leases, ledger (ended for ``reason``)."""
         if self.role is not None:
             await self.role.on_abort(request_id)
         await self.host.abort(request_id)
         for lease in self.ledger.release_all(request_id):
             await self.blocks.end(lease)
-        self.ledger.finish(request_id, time.monotonic(), reason="abort")
+        self.ledger.finish(request_id, time.monotonic(), reason=reason)
 
     async def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         if self.role is not None:
@@ -298,6 +302,9 @@ class NodeRuntime:
         status.kv_bytes_received = self.puller.bytes_received
         status.finishing_seqs = snap.finishing
         status.unsunk_blocks = snap.unsunk_blocks
+        self.metrics.waiting_seqs = load.waiting_seqs
+        self.metrics.cached_blocks = snap.cached_blocks
+        self.metrics.pool_evictions = snap.pool_evictions
         if self.role is not None:
             self.role.describe(status)
         self.metrics.update(status, stats)

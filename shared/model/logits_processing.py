@@ -39,7 +39,7 @@ def apply_bitmask(row: np.ndarray, mask: np.ndarray) -> None:
     """Sets to ``-inf`` every value of ``row`` whose bit in ``mask`` (int32 words, low bit
     first) is 0."""
     bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[: row.shape[-1]]
-    row[bits == 0] = _NEG_INF
+    np.copyto(row, _NEG_INF, where=~bits.view(np.bool_))
 
 
 class SequenceLogitsProcessor:

@@ -61,12 +61,28 @@ class _Cleaned:
     ) -> _Cleaned:
         """``raw``, when given, are the logits before per-sequence processing: logprobs are
         reported of those."""
-        x = _clean(logits)
-        facts = torch.stack([x.argmax(dim=-1), (x > _NEG_INF).any(dim=-1).long()]).tolist()
+        finite = _greedy_if_finite(logits)
+        if finite is not None:
+            # Nothing to clean: each row's best token, found without torch's elementwise ops
+            # (each of which wakes a thread team for one vocabulary-wide row).
+            x, facts = logits.float(), [finite, [1] * len(finite)]
+        else:
+            x = _clean(logits)
+            facts = torch.stack([x.argmax(dim=-1), (x > _NEG_INF).any(dim=-1).long()]).tolist()
         logprobs = None
         if want_logprobs:
             logprobs = torch.log_softmax(x if raw is None else _clean(raw), dim=-1)
         return cls(x, facts[0], [bool(u) for u in facts[1]], logprobs)
+
+
+def _greedy_if_finite(logits: torch.Tensor) -> list[int] | None:
+    """Each row's argmax when every logit is finite (CPU float32 logits only), else None."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32:
+        return None
+    rows = logits.detach().numpy()
+    if not np.isfinite(rows).all():
+        return None
+    return [int(i) for i in rows.argmax(axis=-1)]
 
 
 def _clean(logits: torch.Tensor) -> torch.Tensor:
@@ -134,7 +150,10 @@ class Sampler:
         and the rows whose rules failed, with why."""
         if not any(processors):
             return logits, {}
-        processed = logits.float().clone()
+        if logits.device.type == "cpu":  # numpy copies without waking torch's thread team
+            processed = torch.from_numpy(logits.float().numpy().copy())
+        else:
+            processed = logits.float().clone()
         mask = np.empty(bitmask_words(logits.shape[-1]), dtype=np.int32)
         failed: dict[int, str] = {}
         for row, processor in enumerate(processors):

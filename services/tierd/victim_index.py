@@ -89,6 +89,21 @@ class VictimIndex:
 
     def add(self, info: BlockInfo) -> None:
         """Holds a new block; its parent, if held, stops being evictable. ValueError if held."""
+        self._hold(info)
+        self._list_unranked(info)
+
+    def add_all(self, infos: Iterable[BlockInfo]) -> None:
+        """``add`` of each of ``infos`` in turn, listing for ranking only the blocks still
+        evictable after the last (a chain's tail, not each block of it)."""
+        added = list(infos)
+        for info in added:
+            self._hold(info)
+        children = self._children
+        for info in added:
+            if info.block_hash not in children:
+                self._list_unranked(info)
+
+    def _hold(self, info: BlockInfo) -> None:
         block_hash = info.block_hash
         blocks = self._blocks
         if block_hash in blocks:
@@ -100,27 +115,6 @@ class VictimIndex:
             children[parent] = children.get(parent, 0) + 1
             if self._live:
                 self._live.pop(parent, None)
-        self._list_unranked(info)
-
-    def add_all(self, infos: Iterable[BlockInfo]) -> None:
-        """``add`` of each of ``infos`` in turn, listing for ranking only the blocks still
-        evictable after the last (a chain's tail, not each block of it)."""
-        blocks, children, live = self._blocks, self._children, self._live
-        added = []
-        for info in infos:
-            block_hash = info.block_hash
-            if block_hash in blocks:
-                raise ValueError(f"block {block_hash.hex()} is already held")
-            blocks[block_hash] = info
-            parent = info.parent_hash
-            if parent != block_hash:
-                children[parent] = children.get(parent, 0) + 1
-                if live:
-                    live.pop(parent, None)
-            added.append(info)
-        for info in added:
-            if info.block_hash not in children:
-                self._list_unranked(info)
 
     def update(self, block_hash: bytes) -> None:
         """Ranks the block again after its metadata changed in place (a read, say)."""

@@ -7,13 +7,10 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -21,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.cachemeta.catalogue import Catalogue
 from services.cachemeta.config import CacheMetaSettings
 from services.cachemeta.database import create_engine
+from services.cachemeta.metrics import CacheMetaMetrics
 from services.cachemeta.migrations import upgrade
 from services.cachemeta.repository import DatabaseUnavailable, Repository
 from services.cachemeta.servicer import CacheMetaServicer, TokenCheck
@@ -50,6 +48,7 @@ class CacheMetaService:
         self.ops: OpsServer | None = None
         self.port = 0
         self.database_up = False
+        self.sweep_errors = 0  # database checks of the sweeper that failed
         self._sweeper: asyncio.Task[None] | None = None
         self._frozen_at = 0  # index size at the last gc.freeze
 
@@ -90,7 +89,9 @@ class CacheMetaService:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
         if s.metrics_port is not None:
             registry = CollectorRegistry()
-            registry.register(CacheMetaMetrics(self))
+            metrics = CacheMetaMetrics(self)
+            self.servicer.on_call = metrics.observe_call
+            registry.register(metrics)
             self.ops = OpsServer(s.metrics_host, s.metrics_port, self.healthy, registry)
             self.ops.start()
         log.info("cachemeta serving gRPC on %s:%d", s.cachemeta_host, self.port)
@@ -143,46 +144,8 @@ class CacheMetaService:
                 log.warning("sweep skipped: %s", exc)
             except Exception as exc:  # the sweeper must outlive a database outage
                 self.database_up = False
+                self.sweep_errors += 1
                 log.warning("sweep skipped, database unreachable: %s", exc)
-
-
-class CacheMetaMetrics(Collector):
-    """Catalogue size and per-method calls, read at scrape time."""
-
-    def __init__(self, service: CacheMetaService) -> None:
-        self.service = service
-
-    def collect(self) -> Iterator[Metric]:
-        catalogue, servicer = self.service.catalogue, self.service.servicer
-        if catalogue is None or servicer is None:
-            return
-        gauges = (
-            (
-                "crescent_cachemeta_blocks",
-                "distinct blocks held by some node",
-                len(catalogue.index),
-            ),
-            ("crescent_cachemeta_replicas", "replicas in the index", catalogue.index.num_replicas),
-            ("crescent_cachemeta_nodes", "nodes known", len(catalogue.nodes)),
-            (
-                "crescent_cachemeta_database_up",
-                "last database check passed",
-                self.service.database_up,
-            ),
-        )
-        for name, doc, value in gauges:
-            yield GaugeMetricFamily(name, doc, value=float(value))
-        calls = CounterMetricFamily(
-            "crescent_cachemeta_calls", "gRPC calls answered", labels=["method", "code"]
-        )
-        for (method, code), count in sorted(servicer.calls.items()):
-            calls.add_metric([method, code], count)
-        seconds = CounterMetricFamily(
-            "crescent_cachemeta_call_seconds", "time spent answering", labels=["method"]
-        )
-        for method, total in sorted(servicer.seconds.items()):
-            seconds.add_metric([method], total)
-        yield from (calls, seconds)
 
 
 def main() -> None:

@@ -68,6 +68,7 @@ class Repository:
         self.engine = engine
         self._postgres = engine.dialect.name == "postgresql"
         self._insert = pg_insert if self._postgres else sqlite_insert
+        self.errors = 0  # statements that failed on the database since start
 
     async def load_nodes(self) -> list[NodeRecord]:
         rows = await self._run(lambda c: c.execute(select(nodes)), write=False)
@@ -270,11 +271,13 @@ class Repository:
                         await conn.commit()
                     return result
             except DBAPIError as exc:
+                self.errors += 1
                 if exc.connection_invalidated and attempt == 1:
                     log.warning("database connection lost, retrying once: %s", exc.orig)
                     continue
                 raise DatabaseUnavailable(f"catalogue database error: {exc.orig}") from exc
             except (SQLAlchemyError, OSError) as exc:
+                self.errors += 1
                 raise DatabaseUnavailable(f"catalogue database error: {exc}") from exc
         raise AssertionError("unreachable")
 

@@ -79,6 +79,8 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
         self.catalogue = catalogue
         self.calls: Counter[tuple[str, str]] = Counter()
         self.seconds: dict[str, float] = {}
+        #: Told each call's method and seconds (the metrics' latency histogram), if set.
+        self.on_call: Callable[[str, float], None] | None = None
 
     async def RegisterBlocks(
         self, request: pb.RegisterBlocksRequest, context: grpc.aio.ServicerContext[Any, Any]
@@ -216,7 +218,10 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
             code, message = grpc.StatusCode.INTERNAL, "internal error in cachemeta (see its log)"
         finally:
             self.calls[(method, code.name)] += 1
-            self.seconds[method] = self.seconds.get(method, 0.0) + time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            self.seconds[method] = self.seconds.get(method, 0.0) + seconds
+            if self.on_call is not None:
+                self.on_call(method, seconds)
         await context.abort(code, message)
         raise AssertionError("abort returned")
 

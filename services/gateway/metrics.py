@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -20,6 +23,21 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _RESPONSE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 _PHASE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+#: Requests kept for the status page's latency and cache figures (``Served``).
+RECENT_SERVED = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One finished request as the status page shows it: when it ended (wall clock), its
+    latencies in seconds (None where it had no such figure) and its prompt's tokens."""
+
+    ended_at: float
+    ttft_s: float | None
+    tpot_s: float | None
+    e2e_s: float
+    prompt_tokens: int
+    cached_tokens: int
 
 
 class GatewayMetrics:
@@ -32,6 +50,7 @@ class GatewayMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.recent: deque[Served] = deque(maxlen=RECENT_SERVED)
         self.requests = Counter(
             "crescent_gateway_requests",
             "HTTP requests by endpoint and status code",
@@ -76,6 +95,23 @@ class GatewayMetrics:
         self.generation_tokens = Counter(
             "crescent_gateway_generation_tokens", "Output tokens sent", registry=self.registry
         )
+        self.e2e = Histogram(
+            "crescent_gateway_e2e_request_latency_seconds",
+            "From request arrival to its last token (a stream's end)",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.cached_by_tier = Counter(
+            "crescent_gateway_cached_prompt_tokens_by_tier",
+            "Prompt tokens found in the KV cache, by the tier they came from (dram: a pool)",
+            ["tier"],
+            registry=self.registry,
+        )
+        self.migrations = Counter(
+            "crescent_gateway_request_migrations",
+            "Times a request moved to another node mid-way (its node drained or was lost)",
+            registry=self.registry,
+        )
         self.phase = Histogram(
             "crescent_gateway_request_phase_seconds",
             "Time a request spent in each phase of its path (shared/phases.py), per request; "
@@ -86,19 +122,32 @@ class GatewayMetrics:
         )
 
     def observe_run(self, run: Run, phases: Mapping[str, float] | None = None) -> None:
-        timing = run.timing
-        if timing.first_token is not None:
-            self.ttft.observe(timing.first_token - timing.start)
+        timing, phases = run.timing, phases or {}
+        ttft = None if timing.first_token is None else timing.first_token - timing.start
+        if ttft is not None:
+            self.ttft.observe(ttft)
+        tpots = []
         for index, choice in enumerate(run.choices):
             tpot = timing.time_per_output_token(index, choice.completion_tokens)
             if tpot is not None:
                 self.tpot.observe(tpot)
+                tpots.append(tpot)
+        e2e = time.monotonic() - timing.start + phases.get("parse", 0.0)
+        self.e2e.observe(e2e)
         counts = usage(run.request, run.choices)
+        details = counts["prompt_tokens_details"]
         self.prompt_tokens.inc(counts["prompt_tokens"])
-        self.cached_tokens.inc(counts["prompt_tokens_details"]["cached_tokens"])
+        self.cached_tokens.inc(details["cached_tokens"])
+        for tier, tokens in details["cached_tokens_by_tier"].items():
+            self.cached_by_tier.labels(tier).inc(tokens)
         self.generation_tokens.inc(counts["completion_tokens"])
-        for phase, seconds in (phases or {}).items():
+        self.migrations.inc(run.resumes)
+        for phase, seconds in phases.items():
             self.phase.labels(phase).observe(seconds)
+        tpot = sum(tpots) / len(tpots) if tpots else None
+        self.recent.append(
+            Served(time.time(), ttft, tpot, e2e, counts["prompt_tokens"], details["cached_tokens"])
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -135,6 +135,8 @@ class SchedulerHandlers:
         refused = self.gate.enter(now, resumed=request.resume)
         if refused is not None:
             return self._refuse(request, refused)
+        if request.resume:
+            self.metrics.replaced("resume")
         try:
             return await self._place(request)
         except Exception:
@@ -194,6 +196,7 @@ class SchedulerHandlers:
             if ack is not None and ack.error_code is not None:
                 return SubmitReply(accepted=False, error=ack.reason, error_code=ack.error_code)
             avoid.add(decision.prefill_node)
+            self.metrics.replaced("offer_refused")
         return SubmitReply(
             accepted=False, error="no prefill node accepted the request", error_code=503
         )

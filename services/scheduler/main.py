@@ -81,6 +81,7 @@ class SchedulerService:
             prefetch=s.prefetch,
             local_prefill=s.local_prefill,
         )
+        metrics.watch_pending(lambda: handlers.gate.pending)
         if s.metrics_port is not None:
             self.ops = OpsServer(
                 s.metrics_host, s.metrics_port, lambda: bus.connected, metrics.registry

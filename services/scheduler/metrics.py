@@ -7,9 +7,9 @@ The share of prompt tokens served from caches is
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -62,7 +62,26 @@ class SchedulerMetrics:
             "blocks tierds were asked to move from S3 to NVMe while their request waits",
             registry=r,
         )
+        self.replacements = Counter(
+            "crescent_replacements",
+            "placements made again: of a request moved off its node (resume), or after the "
+            "prefill node offered it refused (offer_refused)",
+            ["cause"],
+            registry=r,
+        )
+        self.pending = Gauge(
+            "crescent_scheduler_pending_requests",
+            "requests this scheduler is placing now (its queue)",
+            registry=r,
+        )
         r.register(_LiveNodes(view))
+
+    def watch_pending(self, pending: Callable[[], float]) -> None:
+        """Reads the scheduler's queue depth from ``pending`` at each scrape."""
+        self.pending.set_function(pending)
+
+    def replaced(self, cause: str) -> None:
+        self.replacements.labels(cause).inc()
 
     def placed(self, placement: Placement, request: PlacementRequest) -> None:
         self.placements.inc()

@@ -79,6 +79,9 @@ def test_process_serves_restarts_and_stops_on_sigterm(
         assert status == 200
         assert "crescent_cachemeta_replicas 6.0" in metrics
         assert 'crescent_cachemeta_calls_total{code="OK",method="RegisterBlocks"} 1.0' in metrics
+        latency = 'crescent_cachemeta_call_duration_seconds_count{method="RegisterBlocks"} 1.0'
+        assert latency in metrics
+        assert "crescent_cachemeta_database_errors_total 0.0" in metrics
         assert stop(proc) == 0
         assert "cachemeta stopping" in log.read_text()
 

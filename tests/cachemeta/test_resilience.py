@@ -73,6 +73,7 @@ def test_database_down_for_a_while(served_pg: Served, postgres: Postgres) -> Non
         assert [n.num_replicas for n in await client.list_nodes()] == [4]
 
     served_pg.call(while_down())
+    assert served_pg.service.catalogue.repository.errors >= 3  # the metrics' database errors
     postgres.admin(f'ALTER DATABASE "{postgres.name}" ALLOW_CONNECTIONS true')
 
     async def back() -> None:

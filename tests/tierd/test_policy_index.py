@@ -93,6 +93,7 @@ def test_stale_entries_are_compacted_away() -> None:
         info.last_access = float(t)
         index.update(info.block_hash)
     assert len(index._heap) <= 2 * len(index._live) + 1024
+    assert len(index._unranked) <= 2 * len(index) + 1024  # reads waiting to be ranked
     assert index.pop() is info and index.pop() is None
 
 

@@ -80,21 +80,23 @@ def run(args: argparse.Namespace) -> int:
             s3 = start_s3(data_dir, secrets, env, data_dir / "logs")
             children.append(s3.child)
             up_secrets.merge(roles, s3.tierd_env(), "tierd")
+        metrics: dict[str, int] = {}  # child name -> port of its /metrics and /healthz
         if not env.get("CRESCENT_CACHEMETA_URL"):
             token = up_secrets.cachemeta_token(env, secrets)
             up_secrets.merge(roles, token, *up_secrets.CACHEMETA_CALLERS)
-            cachemeta, target = _start_cachemeta(data_dir, env | token)
+            metrics["cachemeta"] = _free_port()
+            cachemeta, target = _start_cachemeta(data_dir, env | token, metrics["cachemeta"])
             children.insert(0, cachemeta)
             env["CRESCENT_CACHEMETA_URL"] = target
         model_name = _prepare_model()
-        tierd_metrics = _free_port()
+        metrics["tierd"] = tierd_metrics = _free_port()
         tierd = up_tierd.start_tierd(env, roles.get("tierd", {}), data_dir / "logs", tierd_metrics)
         children.insert(0, tierd)
-        services = _start_services(args, env, data_dir / "logs", roles)
+        services = _start_services(args, env, data_dir / "logs", roles, metrics)
         # stop order: gateway first, then schedulers, nodes, tierd, cachemeta, NATS, S3 last
         children = [*services, *children]
         _wait_ready(args, env, watcher, children, stop_requested)
-        _describe(data_dir, args, env, roles.get("tierd", {}), tierd_metrics)
+        _describe(data_dir, args, env, roles.get("tierd", {}), metrics)
         print(f"Crescent is serving the OpenAI API at http://{args.host}:{args.port}/v1")
         print(f"  logs: {data_dir / 'logs'}")
         body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hi!"}]})
@@ -116,22 +118,27 @@ def _describe(
     args: argparse.Namespace,
     env: dict[str, str],
     tierd_env: dict[str, str],
-    tierd_metrics: int,
+    metrics: dict[str, int],
 ) -> None:
     """Writes where the stack's parts listen to ``stack.json`` in the data dir, for tools that
     watch or probe a running stack (the NATS password of the ``tools`` user is in
-    ``secrets/nats-tools.password`` when this stack runs its own NATS)."""
+    ``secrets/nats-tools.password`` when this stack runs its own NATS). ``metrics`` maps each
+    child to the port of its ``/metrics``; the gateway's is on the API's port."""
+    api = f"http://{args.host}:{args.port}"
+    scrape = {"gateway": f"{api}/metrics"}
+    scrape |= {name: f"http://127.0.0.1:{port}/metrics" for name, port in metrics.items()}
     where = {
         "up_id": env["CRESCENT_UP_ID"],
         "pid": os.getpid(),
-        "api": f"http://{args.host}:{args.port}/v1",
+        "api": f"{api}/v1",
         "nats_url": env["CRESCENT_NATS_URL"],
         "cachemeta_url": env.get("CRESCENT_CACHEMETA_URL", ""),
         "host_id": env["CRESCENT_HOST_ID"],
         "nvme_dir": env["CRESCENT_NVME_DIR"],
         "s3_endpoint": (env | tierd_env).get("CRESCENT_S3_ENDPOINT", ""),
         "tierd_id": up_tierd.node_id(env),
-        "tierd_metrics": f"http://127.0.0.1:{tierd_metrics}/metrics",
+        "tierd_metrics": scrape["tierd"],
+        "metrics": scrape,
     }
     (data_dir / "stack.json").write_text(json.dumps(where, indent=2) + "\n")
 
@@ -201,15 +208,16 @@ def _wait_port(child: Child, port: int, timeout_s: float) -> bool:
     return False
 
 
-def _start_cachemeta(data_dir: Path, env: dict[str, str]) -> tuple[Child, str]:
-    """cachemeta on a free port; its catalogue in SQLite under the data dir unless
-    ``CRESCENT_DB_URL`` names another database."""
+def _start_cachemeta(data_dir: Path, env: dict[str, str], metrics: int) -> tuple[Child, str]:
+    """cachemeta on a free port, its ops endpoints on ``metrics``; its catalogue in SQLite
+    under the data dir unless ``CRESCENT_DB_URL`` names another database."""
     port = _free_port()
     db_url = env.get("CRESCENT_DB_URL") or f"sqlite+aiosqlite:///{data_dir / 'cachemeta.db'}"
     child_env = env | {
         "CRESCENT_CACHEMETA_HOST": "127.0.0.1",
         "CRESCENT_CACHEMETA_PORT": str(port),
         "CRESCENT_DB_URL": db_url,
+        "CRESCENT_METRICS_PORT": str(metrics),
     }
     argv = [sys.executable, "-m", "services.cachemeta"]
     child = spawn("cachemeta", argv, child_env, data_dir / "logs")
@@ -235,25 +243,36 @@ def _prepare_model() -> str:
 
 
 def _start_services(
-    args: argparse.Namespace, env: dict[str, str], log_dir: Path, roles: dict[str, dict[str, str]]
+    args: argparse.Namespace,
+    env: dict[str, str],
+    log_dir: Path,
+    roles: dict[str, dict[str, str]],
+    metrics: dict[str, int],
 ) -> list[Child]:
+    """The gateway, the schedulers and the nodes; each but the gateway (whose /metrics is on
+    its API port) gets a free port for its ops endpoints, recorded in ``metrics``."""
     python = sys.executable
+
+    def ops(name: str) -> dict[str, str]:
+        metrics[name] = _free_port()
+        return {"CRESCENT_METRICS_PORT": str(metrics[name])}
+
     gateway_env = env | roles.get("gateway", {})
     gateway_env |= {"CRESCENT_HOST": args.host, "CRESCENT_PORT": str(args.port)}
     children = [spawn("gateway", [python, "-m", "services.gateway"], gateway_env, log_dir)]
     for i in range(args.schedulers):
-        scheduler_env = (
-            env | roles.get("scheduler", {}) | {"CRESCENT_SCHEDULER_ID": f"scheduler-{i}"}
-        )
+        name = f"scheduler-{i}"
+        scheduler_env = env | roles.get("scheduler", {}) | {"CRESCENT_SCHEDULER_ID": name}
         argv = [python, "-m", "services.scheduler"]
-        children.append(spawn(f"scheduler-{i}", argv, scheduler_env, log_dir))
+        children.append(spawn(name, argv, scheduler_env | ops(name), log_dir))
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
-            node_env = env | roles.get(role, {}) | {"CRESCENT_NODE_ID": f"{role}-{i}"}
+            name = f"{role}-{i}"
+            node_env = env | roles.get(role, {}) | {"CRESCENT_NODE_ID": name} | ops(name)
             argv = [python, "-m", f"services.{role}"]
             # The nodes may take every core they can get, but never ahead of the gateway,
             # the schedulers and NATS: a refusal or a hand-off must not wait behind a step.
-            children.append(spawn(f"{role}-{i}", argv, node_env, log_dir, nice=NODE_NICE))
+            children.append(spawn(name, argv, node_env, log_dir, nice=NODE_NICE))
     return children
 
 

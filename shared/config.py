@@ -30,7 +30,7 @@ class EngineSettings(BaseSettings):
     )
     device: str = Field(default="auto", description="cpu, cuda, cuda:N or auto")
     dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
-    enable_prefix_caching: bool = True
+    enable_prefix_caching: bool = Field(default=True, description="reuse cached prompt blocks")
     num_threads: int | None = Field(
         default=None,
         ge=1,

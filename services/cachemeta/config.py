@@ -44,7 +44,7 @@ class CacheMetaSettings(CacheMetaTokenSettings, BaseSettings):
         default=None, gt=0, description="how often silent nodes are swept; default grace/4, ≤1 s"
     )
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
 
     @model_validator(mode="after")
     def _require_token(self) -> Self:

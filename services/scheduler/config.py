@@ -16,9 +16,9 @@ from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_fie
 class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
     model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server(s)")
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
-    metrics_host: str = "127.0.0.1"
+    metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
     heartbeat_timeout_s: float = Field(
         default=3.0, gt=0, description="silence before a node is dead"
     )
@@ -96,9 +96,15 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
         "with no KV hand-off, when the measured costs say that is cheaper (a short prompt, or "
         "one the decode node already caches)",
     )
-    step_prior_base_s: float = Field(default=DEFAULT_PRIOR.base_s, ge=0)
-    step_prior_per_token_s: float = Field(default=DEFAULT_PRIOR.per_token_s, ge=0)
-    step_prior_per_attention_s: float = Field(default=DEFAULT_PRIOR.per_attention_s, ge=0)
+    step_prior_base_s: float = Field(
+        default=DEFAULT_PRIOR.base_s, ge=0, description="step time before nodes report steps"
+    )
+    step_prior_per_token_s: float = Field(
+        default=DEFAULT_PRIOR.per_token_s, ge=0, description="its cost per token computed"
+    )
+    step_prior_per_attention_s: float = Field(
+        default=DEFAULT_PRIOR.per_attention_s, ge=0, description="its cost per token attended"
+    )
     step_window: int = Field(default=256, ge=1, description="step samples kept per node")
     step_min_samples: int = Field(
         default=16, ge=1, description="below this, a node is predicted by its role's pooled fit"

@@ -39,15 +39,15 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
         env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
     )
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server(s)")
     host_id: str = Field(default="", description="this machine's name; default: hostname")
     node_id: str = Field(default="", description="tierd's name; default: tierd-<host id>")
     cachemeta_url: str = Field(default="127.0.0.1:50051", description="host:port of cachemeta")
     transfer: Literal["ucx", "tcp"] = Field(default="ucx", description="KV transfer it serves")
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
-    metrics_host: str = "127.0.0.1"
-    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, description="tierd's beat")
     cache_secret: CacheSecret = cache_secret_field(
         "key of the per-tenant cache salts (names the tenants of CRESCENT_TENANT_QUOTAS_MB)"
     )
@@ -65,13 +65,13 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
     )
 
     s3_endpoint: str = Field(default="", description="S3 server URL; empty: no S3 tier")
-    s3_bucket: str = "crescent"
+    s3_bucket: str = Field(default="crescent", description="bucket, created if missing")
     s3_prefix: str = Field(default="kv", description="object keys start with this")
-    s3_region: str = "us-east-1"
-    s3_access_key: SecretStr | None = None
-    s3_access_key_file: Path | None = None
-    s3_secret_key: SecretStr | None = None
-    s3_secret_key_file: Path | None = None
+    s3_region: str = Field(default="us-east-1", description="region the requests are signed for")
+    s3_access_key: SecretStr | None = Field(default=None, description="S3 access key")
+    s3_access_key_file: Path | None = Field(default=None, description="a file holding it")
+    s3_secret_key: SecretStr | None = Field(default=None, description="S3 secret key")
+    s3_secret_key_file: Path | None = Field(default=None, description="a file holding it")
     s3_capacity_mb: int = Field(default=0, ge=0, description="bytes S3 may hold; 0: unbounded")
     s3_concurrency: int = Field(default=8, ge=1, le=256, description="S3 requests in flight")
 
@@ -84,7 +84,9 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
     )
     sink_interval_s: float = Field(default=0.2, gt=0, description="how often pools are checked")
     sink_batch: int = Field(default=32, ge=1, le=4096, description="blocks per sink request")
-    eviction_policy: Literal["lru", "lfu", "recompute", "crescent"] = "crescent"
+    eviction_policy: Literal["lru", "lfu", "recompute", "crescent"] = Field(
+        default="crescent", description="which blocks leave a tier first"
+    )
     block_ttl_s: float = Field(
         default=7 * 86_400.0, gt=0, description="a block unused this long is deleted"
     )

@@ -15,7 +15,7 @@ from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_fie
 class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     """A model-running node: the engine's settings plus its place in the cluster."""
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server(s)")
     node_id: str = Field(default="", description="unique name; default: role + random suffix")
     host_id: str = Field(
         default="", description="the machine's name, shared with its tierd; default: hostname"
@@ -31,7 +31,9 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     )
     transfer: str = Field(default="ucx", description="KV transfer: ucx or tcp")
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")
-    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    heartbeat_interval_s: float = Field(
+        default=1.0, gt=0, description="heartbeat period (load, free blocks, KV bytes moved)"
+    )
     lease_ttl_s: float = Field(default=30.0, gt=0, description="held KV waits this long for a pull")
     cache_secret: CacheSecret = cache_secret_field(
         "key of the per-tenant cache salts; the same on every node of a deployment"

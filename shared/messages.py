@@ -74,6 +74,8 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
     ] = msgspec.field(default_factory=list)
     min_tokens: Annotated[int, Meta(ge=0, le=MAX_PROMPT_TOKENS)] = 0
     grammar: Annotated[str, Meta(max_length=MAX_GRAMMAR_CHARS)] = ""
+    cache_read: bool = True
+    cache_write: bool = True
 
     def to_params(self) -> SamplingParams:
         values = msgspec.structs.asdict(self)

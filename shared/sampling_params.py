@@ -58,6 +58,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     grammar: str = ""
+    cache_read: bool = True  # False: compute the whole prompt, reusing no cached block
+    cache_write: bool = True  # False: the blocks it computes are not offered to the cache
 
     def __post_init__(self) -> None:
         self.validate()

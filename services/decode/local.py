@@ -70,7 +70,8 @@ class LocalPrefills:
 
         prompt = list(req.prompt_token_ids)
         try:
-            admitted = await self.fetcher.admit(rid, prompt, params, salt, task.pulls, keep)
+            pulls = task.pulls if params.cache_read else []  # asked to reuse no cached block
+            admitted = await self.fetcher.admit(rid, prompt, params, salt, pulls, keep)
         except InvalidRequestError as exc:
             self.pending.pop(rid, None)
             await node.fail(rid, str(exc), 400)

@@ -104,6 +104,7 @@ def to_chat(body: ResponsesRequest, history: list[ChatMessage]) -> ChatCompletio
         "stream_options": body.stream_options,
         "parallel_tool_calls": body.parallel_tool_calls,
         "cache_salt": body.cache_salt,
+        "cache_control": body.cache_control,
         "structured_outputs": body.structured_outputs,
         "user": body.user,
         "safety_identifier": body.safety_identifier,

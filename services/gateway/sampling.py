@@ -24,6 +24,9 @@ def sampling_spec(
         raise errors.invalid(f"seed must be a non-negative 63-bit integer, got {seed}", "seed")
     if seed is not None:
         seed = (seed + sibling) % 2**63
+    cache = body.cache_control
+    if cache is not None and cache.keep is not None:
+        raise errors.unsupported("cache_control.keep", "(keeping a prefix) is not supported yet")
     min_tokens = body.min_tokens or 0
     if min_tokens > max_tokens:
         raise errors.invalid(
@@ -45,6 +48,8 @@ def sampling_spec(
             logit_bias=logit_bias(body.logit_bias, vocab_size),
             min_tokens=min_tokens,
             grammar=grammar,
+            cache_read=not cache or cache.read is not False,
+            cache_write=not cache or cache.write is not False,
         )
     except InvalidRequestError as exc:
         raise errors.from_invalid(exc) from exc

@@ -112,6 +112,19 @@ class ToolCallIn(Strict):
     function: CalledFunction
 
 
+class CacheControl(Strict):
+    """Crescent's ``cache_control``: how a request uses the KV cache."""
+
+    read: bool | None = Field(
+        default=None, description="false: compute the whole prompt, reusing no cached block"
+    )
+    write: bool | None = Field(
+        default=None, description="false: the blocks this request computes are not cached"
+    )
+    # Keeping a prefix (pinned, or for a TTL) is not implemented yet.
+    keep: Any = refused()
+
+
 class StreamOptions(Strict):
     """``stream_options``: only usage reporting changes what Crescent sends."""
 
@@ -158,6 +171,7 @@ class _Generation(Strict):
     repetition_penalty: float | None = None
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = Field(default=None, json_schema_extra={"maxItems": 1024})
+    cache_control: CacheControl | None = None
     # Structured outputs, vLLM's way (``response_format`` is OpenAI's, chat only).
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

@@ -9,6 +9,7 @@ from pydantic import Field
 
 from services.gateway.schemas import (
     FUNCTION_NAME,
+    CacheControl,
     StreamOptions,
     Strict,
     StructuredOutputs,
@@ -119,6 +120,7 @@ class ResponsesRequest(Strict):
     safety_identifier: str | None = None
     # Crescent's extensions, as on the chat endpoint.
     cache_salt: str | None = None
+    cache_control: CacheControl | None = None
     structured_outputs: StructuredOutputs | None = None
     # Not supported unless they carry their neutral value.
     reasoning: Any = refused()

@@ -77,7 +77,13 @@ class PrefillRole:
         prompt = list(req.prompt_token_ids)
         try:
             admitted = await self.fetcher.admit(
-                rid, prompt, first_only, salt, task.pulls, keep, hold_blocks=True
+                rid,
+                prompt,
+                first_only,
+                salt,
+                task.pulls if params.cache_read else [],
+                keep,
+                hold_blocks=True,
             )
         except InvalidRequestError as exc:
             await self.on_abort(rid)

@@ -39,7 +39,7 @@ class KVCacheManager:
         The last token is never taken from the cache: its logits are needed to sample the
         next token, so at least one token is always computed.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.params.cache_read:
             return []
         self._hash_full_blocks(seq, seq.num_tokens)
         max_blocks = (seq.num_tokens - 1) // self.block_size
@@ -56,7 +56,7 @@ class KVCacheManager:
         ``num_full_hits`` leading cached blocks (never its last token, whose logits are
         needed): a remembered partial block, or a cached full block whose first tokens they
         are; None when none holds any."""
-        if not self.enable_prefix_caching or self.copy_block is None:
+        if not self.enable_prefix_caching or self.copy_block is None or not seq.params.cache_read:
             return None
         start = num_full_hits * self.block_size
         limit = min(seq.num_tokens - 1 - start, self.block_size - 1)
@@ -125,6 +125,8 @@ class KVCacheManager:
         num_full = seq.num_computed_tokens // self.block_size
         if not self.enable_prefix_caching or num_full <= seq.num_published_blocks:
             return
+        if not seq.params.cache_write:
+            return  # its blocks stay private and go back to the pool when it ends
         if len(seq.block_hashes) < num_full:
             self._hash_full_blocks(seq, num_full * self.block_size)
         bs = self.block_size
@@ -149,7 +151,7 @@ class KVCacheManager:
     def _partial_block(self, seq: Sequence) -> tuple[BlockHash, KVBlock, tuple[int, ...]] | None:
         """The sequence's partly computed last block, if it is its own (not cached, no other
         holder): its chain parent, the slot, and the tokens whose KV the slot holds."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or not seq.params.cache_write:
             return None
         full, used = divmod(seq.num_computed_tokens, self.block_size)
         if used == 0 or full >= len(seq.block_table):

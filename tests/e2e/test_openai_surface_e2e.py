@@ -146,3 +146,22 @@ def test_the_responses_api_answers_whole_and_streamed(client: OpenAI, model_name
     assert chained.output_text
     usage = chained.usage
     assert usage is not None and usage.input_tokens_details.cached_tokens > 0
+
+
+def test_cache_control_skips_reading_the_cache(client: OpenAI, model_name: str) -> None:
+    long = [{"role": "user", "content": "Summarize: " + "the tide comes in and goes out. " * 40}]
+
+    def cached(**extra: Any) -> int:
+        reply = client.chat.completions.create(
+            model=model_name,
+            messages=long,
+            temperature=0,
+            max_tokens=4,
+            extra_body=extra,  # type: ignore[arg-type]
+        )
+        details = reply.usage.prompt_tokens_details  # type: ignore[union-attr]
+        return details.cached_tokens or 0  # type: ignore[union-attr]
+
+    cached()  # the prompt's blocks are cached from here on
+    assert cached(cache_control={"read": False}) == 0
+    assert cached() > 0

@@ -122,3 +122,18 @@ def test_a_bias_outside_the_vocabulary_is_refused(make_engine: EngineFactory) ->
     bad = SamplingParams(max_tokens=4, logit_bias=((512, 1.0),))
     with pytest.raises(InvalidRequestError, match="logit_bias"):
         make_engine().add_request("r", [5, 6, 7], bad)
+
+
+def test_a_request_can_skip_reading_or_writing_the_cache(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    prompt = prompts(1, 30, 30, seed=67)[0]
+    plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    no_write = dataclasses.replace(plain, cache_write=False)
+    first = engine.generate([prompt], no_write)[0]
+    again = engine.generate([prompt], plain)[0]
+    assert again.num_cached_tokens == 0  # the first request cached nothing
+    no_read = dataclasses.replace(plain, cache_read=False)
+    third = engine.generate([prompt], no_read)[0]
+    assert third.num_cached_tokens == 0  # the second cached its blocks; the third reads none
+    assert engine.generate([prompt], plain)[0].num_cached_tokens >= 28
+    assert first.output_token_ids == again.output_token_ids == third.output_token_ids

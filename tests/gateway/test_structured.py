@@ -84,3 +84,14 @@ def test_what_cannot_be_enforced_is_a_400_naming_it(
     error = rejected(chat, builder, **fields)
     assert (error.status, error.param) == (400, param)
     assert needle in error.message
+
+
+def test_cache_control_reaches_the_sampling(builder: RequestBuilder) -> None:
+    spec = chat(builder, cache_control={"read": False}).choices[0].request.sampling
+    assert (spec.cache_read, spec.cache_write) == (False, True)
+    spec = chat(builder, cache_control={"write": False}).choices[0].request.sampling
+    assert (spec.cache_read, spec.cache_write) == (True, False)
+    spec = chat(builder).choices[0].request.sampling
+    assert (spec.cache_read, spec.cache_write) == (True, True)
+    error = rejected(chat, builder, cache_control={"keep": "pin"})
+    assert (error.status, error.param) == (400, "cache_control.keep")

@@ -88,22 +88,24 @@ class FusedDecoder:
 
     def stats(self) -> FusedStats:
         """How this decoder's steps ran so far."""
-        steps, alone, contended, shared_ns, waited_ns = self._kernel.stats()
-        return FusedStats(steps, alone, contended, shared_ns / 1e9, waited_ns / 1e9)
+        steps, alone, contended, shared_ns, waited_ns, redone = self._kernel.stats()
+        return FusedStats(steps, alone, contended, shared_ns / 1e9, waited_ns / 1e9, redone)
 
 
 @dataclass(frozen=True, slots=True)
 class FusedStats:
     """Counts of fused steps: all of them, those run on one thread because other processes
     had taken the cores, and the shared steps that found them taken (each of which sends the
-    next steps to one thread for a while); and, over the shared steps, the seconds of all
-    their threads together and how many of those went to waiting for each other."""
+    next steps to one thread for a while); over the shared steps, the seconds of all their
+    threads together and how many of those went to waiting for each other; and the chunks of
+    work computed again because the thread holding them took too long."""
 
     steps: int
     steps_alone: int
     contended_steps: int
     shared_thread_s: float
     shared_wait_s: float
+    redone_chunks: int
 
 
 def _projections(model: LlamaForCausalLM) -> list[Linear]:

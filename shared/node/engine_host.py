@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
 from shared.cluster_messages import MAX_FINISHING
@@ -16,13 +16,12 @@ from shared.engine.cache_exchange import CachedBlock, PrefixImport
 from shared.engine.engine import LLMEngine
 from shared.engine.types import EngineLoad, EngineStats, ImportSlot, RequestOutput, StepTiming
 from shared.kv.hashing import BlockHash
+from shared.node.step_loop import StepLoop
 from shared.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 OnOutputs = Callable[[list[RequestOutput]], Awaitable[None]]
-#: After this many steps in a row raise, the engine's requests are failed instead of retried.
-MAX_FAILED_STEPS = 3
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -65,6 +64,9 @@ class EngineHost:
       they touch only blocks no running sequence is writing (cached, pinned, held or free
       blocks) and the pool's counters.
 
+    The steps themselves run back to back on the engine thread (``StepLoop``), which queues
+    each step's outputs for the event loop to deliver in order while the next step runs.
+
     Invariant: the step loop never ends while the host runs: a failing step, or a failing
     output handler, is logged and contained. ``stuck`` reports a step running longer than
     ``step_timeout_s``; the node then reports itself unhealthy and gets no new work.
@@ -83,23 +85,23 @@ class EngineHost:
         # ``thread``: the one that may have loaded the engine (see ``engine_thread``).
         self._thread = thread or engine_thread()
         self._books = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-books")
-        self._wake = asyncio.Event()
+        self._steps = StepLoop(engine, self._thread, self._enqueue)
+        self._outputs: asyncio.Queue[list[RequestOutput] | None] = asyncio.Queue()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-        self.step_started: float | None = None  # monotonic start of the step in progress
-        self.failed_steps = 0  # consecutive steps that raised
-        self.last_step_s = 0.0  # how long the last engine step took, on the engine's thread
         self.loop_ended = False
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="engine-loop")
+        self._loop = asyncio.get_running_loop()
+        self._task = asyncio.create_task(self._deliveries(), name="engine-deliveries")
         self._task.add_done_callback(self._loop_done)
+        self._steps.start().add_done_callback(self._steps_done)
 
     async def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
+        await asyncio.to_thread(self._steps.stop)
+        self._outputs.put_nowait(None)
         if self._task is not None:
             await self._task
         self._thread.shutdown(wait=True)
@@ -109,13 +111,18 @@ class EngineHost:
         """True while a step has run longer than ``step_timeout_s`` (or the loop died)."""
         if self.loop_ended:
             return True
-        started = self.step_started
+        started = self._steps.step_started
         now = time.monotonic() if now is None else now
         return started is not None and now - started > self.step_timeout_s
 
     @property
     def model_id(self) -> str:
         return self.engine.model_id
+
+    @property
+    def last_step_s(self) -> float:
+        """How long the last engine step took, timed on the engine's thread."""
+        return self._steps.last_step_s
 
     # -- changes (engine thread, between steps) -------------------------------------------
 
@@ -169,9 +176,7 @@ class EngineHost:
         await self._change(lambda: self.engine.finish_import(request_id, ok))
 
     async def _change(self, fn: Callable[[], T]) -> T:
-        result = await asyncio.get_running_loop().run_in_executor(self._thread, self._locked(fn))
-        self._wake.set()
-        return result
+        return await asyncio.wrap_future(self._steps.submit(self._locked(fn)))
 
     # -- bookkeeping (under the lock, may overlap a forward pass) -------------------------
 
@@ -245,7 +250,7 @@ class EngineHost:
 
     async def _book(self, fn: Callable[[], T]) -> T:
         result = await asyncio.get_running_loop().run_in_executor(self._books, self._locked(fn))
-        self._wake.set()
+        self._steps.wake()
         return result
 
     def _locked(self, fn: Callable[[], T]) -> Callable[[], T]:
@@ -255,62 +260,16 @@ class EngineHost:
 
         return run
 
-    # -- the step loop --------------------------------------------------------------------
+    # -- outputs ------------------------------------------------------------------------
 
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
-        # A step's outputs are delivered while the next step runs: publishing a token costs
-        # the engine no time between its steps. Deliveries stay in step order, one at a time.
-        delivering: asyncio.Task[None] | None = None
-        try:
-            while not self._stopping:
-                # Cleared before the check, so a request added meanwhile is never slept through.
-                self._wake.clear()
-                outputs = await self._step(loop)
-                if outputs is None:
-                    await self._wake.wait()
-                    continue
-                if outputs:
-                    if delivering is not None:
-                        await delivering
-                    delivering = asyncio.create_task(self._deliver(outputs))
-        finally:
-            if delivering is not None:
-                await delivering
+    def _enqueue(self, outputs: list[RequestOutput]) -> None:
+        """Called on the engine thread: hands a step's outputs to the event loop."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._outputs.put_nowait, outputs)
 
-    async def _step(self, loop: asyncio.AbstractEventLoop) -> list[RequestOutput] | None:
-        """One engine step's outputs; None when the engine had nothing to do."""
-        self.step_started = time.monotonic()
-        try:
-            outputs = await loop.run_in_executor(self._thread, self._timed_step)
-        except Exception:
-            # The engine fails the sequences a bad step belongs to; reaching here is a bug.
-            # Retrying the same batch forever would hang its clients, so give up on them.
-            log.exception("engine step failed")
-            self.failed_steps += 1
-            if self.failed_steps < MAX_FAILED_STEPS:
-                await asyncio.sleep(0.05)
-                return []
-            return await loop.run_in_executor(self._thread, self._fail_everything)
-        finally:
-            self.step_started = None
-        self.failed_steps = 0
-        return outputs
-
-    def _timed_step(self) -> list[RequestOutput] | None:
-        """One engine step, timed on the engine's thread (the hops to it left out); None
-        without one to take. Checking for work here saves a hop to this thread per step."""
-        if not self.engine.has_unfinished_requests():
-            return None
-        started = time.monotonic()
-        outputs = self.engine.step()
-        self.last_step_s = time.monotonic() - started
-        return outputs
-
-    def _fail_everything(self) -> list[RequestOutput]:
-        self.failed_steps = 0
-        with self.engine.lock:
-            return self.engine.fail_all("the engine failed to run this request")
+    async def _deliveries(self) -> None:
+        while (outputs := await self._outputs.get()) is not None:
+            await self._deliver(outputs)
 
     async def _deliver(self, outputs: list[RequestOutput]) -> None:
         try:
@@ -326,3 +285,8 @@ class EngineHost:
         if not task.cancelled() and task.exception() is not None:
             self.loop_ended = True
             log.error("engine loop ended", exc_info=task.exception())
+
+    def _steps_done(self, done: Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            self.loop_ended = True
+            log.error("engine step loop ended", exc_info=done.exception())

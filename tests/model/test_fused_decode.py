@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -104,6 +106,29 @@ def test_a_rows_logits_do_not_depend_on_its_batch_or_the_thread_count(
     torch.set_num_threads(2)
     assert torch.equal(results[0], results[1])
     assert torch.equal(results[0][1:2], results[2])
+
+
+def test_logits_stay_the_same_when_another_process_takes_a_core(
+    make_real_engine: RealEngineFactory, fused: FusedDecoder, two_threads: None
+) -> None:
+    """Chunks a descheduled thread holds are computed again by the other one (or the step
+    runs on one thread): the numbers must not change either way."""
+    runner, step = prefilled(make_real_engine, random_prompts((20, 333), seed=6))
+    runner.fused = fused
+    before = runner.cache.tensor.clone()
+    with torch.inference_mode():
+        quiet = runner._fused_logits(step)
+    burner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        disturbed = []
+        for _ in range(20):
+            runner.cache.tensor.copy_(before)
+            with torch.inference_mode():
+                disturbed.append(runner._fused_logits(step))
+    finally:
+        burner.kill()
+        burner.wait()
+    assert all(torch.equal(quiet, logits) for logits in disturbed)
 
 
 def test_engine_steps_of_one_token_rows_run_fused_and_give_the_same_tokens(

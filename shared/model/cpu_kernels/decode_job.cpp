@@ -3,6 +3,7 @@
 #include "decode_job.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 namespace crescent {
@@ -12,60 +13,171 @@ namespace {
 // joins late or loses its core leaves the rest to the others, few enough that claiming stays
 // cheap next to the work.
 constexpr int64_t kChunksPerThread = 4;
+// How long a thread with nothing left to claim waits for a phase's open chunks before it
+// computes one itself: a multiple of its own last chunk's time in the phase, and at least
+// kMinGraceNs, so that a thread merely a little behind is not duplicated.
+constexpr double kGraceChunks = 1.5;
+constexpr int64_t kMinGraceNs = 20'000;
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
 }  // namespace
 
 DecodeJob::DecodeJob(const LlamaWeights& model, const Batch& batch, float* logits,
                      int participants)
     : m_(model), batch_(batch), logits_(logits), participants_(participants) {
-  const int64_t B = batch.rows;
+  const int64_t B = batch.rows, H = m_.hidden;
   for (int64_t r = 0; r < B; ++r)
     for (int64_t g = 0; g < m_.kv_heads; ++g)
       for (int64_t s = 0; s < batch.spans(r); ++s) items_.push_back({r, g, s});
-  x_.resize(B * m_.hidden);
+  x_.resize(B * H);
   qkv_.resize(B * m_.qkv_width());
   gate_up_.resize(B * 2 * m_.inter);
   partials_.resize(B * m_.heads * batch.max_spans * m_.partial_size());
-  scratch_.resize(participants * B * (m_.hidden + m_.attn_width() + m_.inter));
-  const float* table = m_.embed.data_ptr<float>();
-  for (int64_t r = 0; r < B; ++r)
-    std::memcpy(&x_[r * m_.hidden], table + batch.token_ids[r] * m_.hidden, m_.hidden * 4);
   tile_chunks_ = kChunksPerThread * participants;
   num_phases_ = kPerLayer * m_.layers + 1;
   phases_ = std::make_unique<Phase[]>(num_phases_);
-  for (int64_t k = 0; k < num_phases_; ++k) phases_[k].chunks = chunks_of(k);
+  int64_t total = 0, max_rows = 0;
+  for (int64_t k = 0; k < num_phases_; ++k) {
+    const int64_t chunks = phases_[k].chunks = chunks_of(k);
+    total += chunks;
+    if (const Weight* w = weight_of(k))
+      max_rows = std::max(max_rows, (tile_count(w->rows) + chunks - 1) / chunks * kRowsPerTile);
+  }
+  taken_ = std::make_unique<std::atomic<uint8_t>[]>(total);
+  for (int64_t k = 0, offset = 0; k < num_phases_; offset += phases_[k].chunks, ++k)
+    phases_[k].taken = taken_.get() + offset;
+  const int64_t attention_out = m_.group() * m_.partial_size() + 2 * m_.head_dim;
+  out_size_ = std::max(B * max_rows, attention_out);
+  own_size_ = B * (H + m_.attn_width() + m_.inter) + out_size_;
+  scratch_.resize(participants * own_size_);
+  const float* table = m_.embed.data_ptr<float>();
+  for (int64_t r = 0; r < B; ++r)
+    std::memcpy(&x_[r * H], table + batch.token_ids[r] * H, H * sizeof(float));
+}
+
+const Weight* DecodeJob::weight_of(int64_t phase) const {
+  if (phase == num_phases_ - 1) return &m_.weights.back();
+  const int64_t layer = phase / kPerLayer;
+  switch (phase % kPerLayer) {
+    case kQkv: return &m_.weight(layer, 0);
+    case kOutput: return &m_.weight(layer, 1);
+    case kGateUp: return &m_.weight(layer, 2);
+    case kDown: return &m_.weight(layer, 3);
+    default: return nullptr;
+  }
 }
 
 int64_t DecodeJob::chunks_of(int64_t phase) const {
-  if (phase == num_phases_ - 1) return std::min(tile_chunks_, tile_count(m_.vocab));
-  const int64_t layer = phase / kPerLayer;
-  switch (phase % kPerLayer) {
-    case kAttention: return static_cast<int64_t>(items_.size());
-    case kQkv: return std::min(tile_chunks_, tile_count(m_.weight(layer, 0).rows));
-    case kOutput: return std::min(tile_chunks_, tile_count(m_.weight(layer, 1).rows));
-    case kGateUp: return std::min(tile_chunks_, tile_count(m_.weight(layer, 2).rows));
-    default: return std::min(tile_chunks_, tile_count(m_.weight(layer, 3).rows));
-  }
+  const Weight* w = weight_of(phase);
+  if (w == nullptr) return static_cast<int64_t>(items_.size());
+  return std::min(tile_chunks_, tile_count(w->rows));
+}
+
+DecodeJob::Rows DecodeJob::rows_of(const Weight& w, int64_t phase, int64_t chunk) const {
+  const int64_t tiles = tile_count(w.rows), chunks = phases_[phase].chunks;
+  const int64_t first = tiles * chunk / chunks * kRowsPerTile;
+  const int64_t end = std::min(w.rows, tiles * (chunk + 1) / chunks * kRowsPerTile);
+  return {first, end - first};
 }
 
 void DecodeJob::work() {
   const int slot = joined_.fetch_add(1, std::memory_order_relaxed);
   if (slot >= participants_) return;
   const int64_t B = batch_.rows;
-  float* base = scratch_.data() + slot * B * (m_.hidden + m_.attn_width() + m_.inter);
-  const Own own{base, base + B * m_.hidden, base + B * (m_.hidden + m_.attn_width())};
+  float* base = scratch_.data() + slot * own_size_;
+  float* attn = base + B * m_.hidden;
+  float* act = attn + B * m_.attn_width();
+  const Own own{base, attn, act, act + B * m_.inter};
   int64_t waited = 0;
-  for (int64_t k = 0; k < num_phases_; ++k) {
-    if (k > 0) waited += spin_until([&] { return phases_[k - 1].complete(); });
-    Phase& phase = phases_[k];
-    bool prepared = false;
-    for (int64_t c; (c = phase.next.fetch_add(1, std::memory_order_acq_rel)) < phase.chunks;) {
-      if (!prepared) prologue(k, own);
-      prepared = true;
-      run_chunk(k, c, own);
+  for (int64_t k = 0; k < num_phases_; ++k) waited += run_phase(k, own);
+  waited_ns_.fetch_add(waited, std::memory_order_relaxed);
+}
+
+// Runs a phase until it is complete (the one before it is); returns the time spent waiting.
+int64_t DecodeJob::run_phase(int64_t k, const Own& own) {
+  Phase& phase = phases_[k];
+  bool prepared = false;
+  int64_t chunk_ns = 0, waited = 0;
+  auto attempt = [&](int64_t c) {
+    if (!prepared) prologue(k, own);
+    prepared = true;
+    const int64_t start = now_ns();
+    if (compute(k, c, own) && phase.take(c)) {
+      commit(k, c, own);
       phase.done.fetch_add(1, std::memory_order_release);
     }
+    chunk_ns = now_ns() - start;
+  };
+  for (int64_t c; (c = phase.next.fetch_add(1, std::memory_order_acq_rel)) < phase.chunks;)
+    attempt(c);
+  while (!phase.complete()) {
+    const int64_t grace = std::max(kMinGraceNs, static_cast<int64_t>(kGraceChunks * chunk_ns));
+    const int64_t start = now_ns();
+    bool complete = false;
+    for (int spins = 0; !(complete = phase.complete()) && now_ns() - start < grace; ++spins) {
+      if (spins < kSpinsBeforeYield) _mm_pause();
+      else sched_yield();
+    }
+    waited += now_ns() - start;
+    if (complete) break;
+    const int64_t open = phase.first_open();
+    if (open < 0) continue;  // the last chunks are being committed
+    redone_.fetch_add(1, std::memory_order_relaxed);
+    attempt(open);
   }
-  waited_ns_.fetch_add(waited, std::memory_order_relaxed);
+  return waited;
+}
+
+// Computes a chunk into the thread's own buffer; false when another thread committed it first
+// (a projection chunk stops between tiles then).
+bool DecodeJob::compute(int64_t k, int64_t chunk, const Own& own) {
+  const Weight* w = weight_of(k);
+  if (w == nullptr) {
+    attend(k / kPerLayer, items_[chunk], own.out);
+    return true;
+  }
+  const float* x = own.normed;
+  int64_t ldx = m_.hidden;
+  if (k != num_phases_ - 1 && k % kPerLayer == kOutput) x = own.attn, ldx = m_.attn_width();
+  if (k != num_phases_ - 1 && k % kPerLayer == kDown) x = own.act, ldx = m_.inter;
+  const Rows rows = rows_of(*w, k, chunk);
+  const int64_t tiles = (rows.count + kRowsPerTile - 1) / kRowsPerTile;
+  for (int64_t t = 0; t < tiles; ++t) {
+    if (phases_[k].committed(chunk)) return false;
+    weight_tile(*w, x, ldx, batch_.rows, own.out, rows.count, rows.first / kRowsPerTile + t,
+                rows.first);
+  }
+  return true;
+}
+
+// Writes a computed chunk into the shared buffers: once per chunk, by the thread that took it.
+void DecodeJob::commit(int64_t k, int64_t chunk, const Own& own) {
+  const Weight* w = weight_of(k);
+  if (w == nullptr) return commit_attention(k / kPerLayer, items_[chunk], own.out);
+  float* dst = logits_;
+  int64_t ld = m_.vocab;
+  bool add = false;
+  if (k != num_phases_ - 1) {
+    switch (k % kPerLayer) {
+      case kQkv: dst = qkv_.data(), ld = m_.qkv_width(); break;
+      case kGateUp: dst = gate_up_.data(), ld = 2 * m_.inter; break;
+      default: dst = x_.data(), ld = m_.hidden, add = true;  // a residual connection
+    }
+  }
+  const Rows rows = rows_of(*w, k, chunk);
+  for (int64_t r = 0; r < batch_.rows; ++r) {
+    float* d = dst + r * ld + rows.first;
+    const float* s = own.out + r * rows.count;
+    if (add) {
+      for (int64_t j = 0; j < rows.count; ++j) d[j] += s[j];
+    } else {
+      std::memcpy(d, s, rows.count * sizeof(float));
+    }
+  }
 }
 
 // What a thread computes for itself before its first chunk of a phase: small enough that
@@ -86,64 +198,45 @@ void DecodeJob::prologue(int64_t phase, const Own& own) const {
   }
 }
 
-void DecodeJob::run_chunk(int64_t phase, int64_t chunk, const Own& own) {
-  const int64_t chunks = phases_[phase].chunks, H = m_.hidden;
-  if (phase == num_phases_ - 1)
-    return tile_chunk(m_.weights.back(), chunk, chunks, own.normed, H, logits_, m_.vocab, false);
-  const int64_t layer = phase / kPerLayer;
-  switch (phase % kPerLayer) {
-    case kQkv:
-      return tile_chunk(m_.weight(layer, 0), chunk, chunks, own.normed, H, qkv_.data(),
-                        m_.qkv_width(), false);
-    case kAttention: return attend(layer, items_[chunk]);
-    case kOutput:
-      return tile_chunk(m_.weight(layer, 1), chunk, chunks, own.attn, m_.attn_width(), x_.data(),
-                        H, true);
-    case kGateUp:
-      return tile_chunk(m_.weight(layer, 2), chunk, chunks, own.normed, H, gate_up_.data(),
-                        2 * m_.inter, false);
-    default:
-      return tile_chunk(m_.weight(layer, 3), chunk, chunks, own.act, m_.inter, x_.data(), H, true);
-  }
-}
-
-void DecodeJob::tile_chunk(const Weight& w, int64_t chunk, int64_t chunks, const float* x,
-                           int64_t ldx, float* y, int64_t ldy, bool add) const {
-  const int64_t tiles = tile_count(w.rows);
-  const int64_t t0 = tiles * chunk / chunks, t1 = tiles * (chunk + 1) / chunks;
-  if (add) weight_tiles<true>(w, x, ldx, batch_.rows, y, ldy, t0, t1);
-  else weight_tiles<false>(w, x, ldx, batch_.rows, y, ldy, t0, t1);
-}
-
-// One work item: leaves, per query head, the span's max score, its sum of exponentials and
-// the weighted sum of values; the span holding the new token also stores its K and V.
-void DecodeJob::attend(int64_t layer, const WorkItem& item) {
+// One work item into `out`: per query head the span's max score, its sum of exponentials and
+// the weighted sum of values, then the new token's rotated K and its V.
+void DecodeJob::attend(int64_t layer, const WorkItem& item, float* out) const {
   const int64_t len = batch_.context_lens[item.row], pos = len - 1, hd = m_.head_dim;
   const int64_t group = m_.group(), first_head = item.kv_head * group;
   const float* row = qkv_.data() + item.row * m_.qkv_width();
-  alignas(64) float q[kMaxGroup * kMaxHeadDim], k_new[kMaxHeadDim];
-  alignas(64) float scores[kMaxGroup * kSpanTokens];
+  alignas(64) float q[kMaxGroup * kMaxHeadDim], scores[kMaxGroup * kSpanTokens];
   for (int64_t h = 0; h < group; ++h) m_.rotate(row + (first_head + h) * hd, pos, q + h * hd);
-  const float* v_new = row + (m_.heads + m_.kv_heads + item.kv_head) * hd;
+  float* k_new = out + group * m_.partial_size();
+  float* v_new = k_new + hd;
   m_.rotate(row + (m_.heads + item.kv_head) * hd, pos, k_new);
+  std::memcpy(v_new, row + (m_.heads + m_.kv_heads + item.kv_head) * hd, hd * sizeof(float));
   const int64_t begin = item.span * kSpanTokens, end = std::min(begin + kSpanTokens, len);
   const float* keys[kSpanTokens];
   const float* values[kSpanTokens];
   for (int64_t p = begin; p < end; ++p) {
-    const bool fresh = p == pos;  // read from the projection, not the cache
+    const bool fresh = p == pos;  // from the projection: its slot is written at the commit
     keys[p - begin] = fresh ? k_new : m_.kv_slot(batch_, item.row, layer, 0, p, item.kv_head);
     values[p - begin] = fresh ? v_new : m_.kv_slot(batch_, item.row, layer, 1, p, item.kv_head);
   }
-  if (end == len) {
-    std::memcpy(m_.kv_slot(batch_, item.row, layer, 0, pos, item.kv_head), k_new, hd * 4);
-    std::memcpy(m_.kv_slot(batch_, item.row, layer, 1, pos, item.kv_head), v_new, hd * 4);
-  }
-  float* out[kMaxGroup];
-  for (int64_t h = 0; h < group; ++h)
-    out[h] = partials_.data() + ((item.row * m_.heads + first_head + h) * batch_.max_spans +
-                                 item.span) * m_.partial_size();
+  float* partial[kMaxGroup];
+  for (int64_t h = 0; h < group; ++h) partial[h] = out + h * m_.partial_size();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  m_.attend_span(q, keys, values, end - begin, scale, scores, out);
+  m_.attend_span(q, keys, values, end - begin, scale, scores, partial);
+}
+
+void DecodeJob::commit_attention(int64_t layer, const WorkItem& item, const float* out) {
+  const int64_t hd = m_.head_dim, group = m_.group(), size = m_.partial_size();
+  for (int64_t h = 0; h < group; ++h) {
+    const int64_t head = item.kv_head * group + h;
+    float* dst = partials_.data() + ((item.row * m_.heads + head) * batch_.max_spans + item.span) * size;
+    std::memcpy(dst, out + h * size, size * sizeof(float));
+  }
+  const int64_t len = batch_.context_lens[item.row];
+  if ((item.span + 1) * kSpanTokens >= len) {  // the span of the new token
+    const float* k_new = out + group * size;
+    std::memcpy(m_.kv_slot(batch_, item.row, layer, 0, len - 1, item.kv_head), k_new, hd * 4);
+    std::memcpy(m_.kv_slot(batch_, item.row, layer, 1, len - 1, item.kv_head), k_new + hd, hd * 4);
+  }
 }
 
 // Each row's attention output from its spans' partials, combined in span order.

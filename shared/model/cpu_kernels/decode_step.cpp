@@ -3,8 +3,8 @@
 //
 // Run op by op from Python, a batch-1 step of a small model spends more time between the
 // matmuls than in them: hundreds of tensor ops each cost their dispatch, and each parallel
-// region wakes the thread pool again. Here the step is one job for a pool of threads
-// (decode_job.h): they split every projection's output rows (ggml_tiles.h, reading the GGUF's
+// region wakes the thread pool again. Here the step is one parallel region whose threads
+// claim the work in chunks (decode_job.h): they split every projection's output rows (ggml_tiles.h, reading the GGUF's
 // quantized blocks) and the attention by sequence, KV head and a fixed span of context.
 // Attention reads each sequence's K and V where they lie in the paged cache, with no gather,
 // and the new token's K and V are written into its slot as they are computed.
@@ -80,22 +80,30 @@ class DecodeModel : public torch::CustomClassHolder {
     std::lock_guard<std::mutex> lock(mutex_);
     const int threads = governor_.threads_for_next_step(std::max(1, at::get_num_threads()));
     const auto start = std::chrono::steady_clock::now();
-    auto job = std::make_shared<DecodeJob>(m_, batch, logits.data_ptr<float>(), threads);
-    WorkerPool::instance().run(job, threads - 1);
-    job->wait();
+    DecodeJob job(m_, batch, logits.data_ptr<float>(), threads);
+    if (threads == 1) {
+      job.work();
+    } else {
+      // torch's own OpenMP team: threads of a second pool would find its workers still
+      // spinning after the step's other parallel ops, and the two would fight for the cores.
+#pragma omp parallel num_threads(threads)
+      job.work();
+    }
+    redone_chunks_ += job.redone_chunks();
     const auto wall = std::chrono::steady_clock::now() - start;
     governor_.record(threads, std::chrono::duration_cast<std::chrono::nanoseconds>(wall).count(),
-                     job->waited_ns());
+                     job.waited_ns());
     return logits;
   }
 
   // Steps run, steps run on one thread because the cores were taken, shared steps found
-  // contended, and of all threads' time in shared steps the total and the time spent waiting
-  // (ThreadGovernor).
+  // contended, of all threads' time in shared steps the total and the time spent waiting
+  // (ThreadGovernor), and chunks computed again because their thread took too long.
   std::vector<int64_t> stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     const ThreadGovernor& g = governor_;
-    return {g.steps(), g.steps_alone(), g.contended_steps(), g.shared_ns(), g.shared_waited_ns()};
+    return {g.steps(),     g.steps_alone(),      g.contended_steps(),
+            g.shared_ns(), g.shared_waited_ns(), redone_chunks_};
   }
 
  private:
@@ -144,6 +152,7 @@ class DecodeModel : public torch::CustomClassHolder {
 
   LlamaWeights m_;
   ThreadGovernor governor_;
+  int64_t redone_chunks_ = 0;
   std::mutex mutex_;
 };
 

@@ -116,9 +116,11 @@ void tile_rows(int64_t mr, const float* x, int64_t ldx, const uint8_t* w, int64_
 }
 
 // Tiles [t0, t1) of y[M, N] (row stride ldy) (+)= x[M, K] . W[N, K]^T, on the calling thread.
+// y's columns start at weight row `first_row` (0: y holds every output column).
 template <int64_t QT, bool ADD>
 void gemm_tiles(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t row_bytes,
-                int64_t N, int64_t K, float* y, int64_t ldy, int64_t t0, int64_t t1) {
+                int64_t N, int64_t K, float* y, int64_t ldy, int64_t t0, int64_t t1,
+                int64_t first_row = 0) {
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n0 = t * kRowsPerTile;
     const int64_t nr = std::min<int64_t>(kRowsPerTile, N - n0);
@@ -126,7 +128,7 @@ void gemm_tiles(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_
     for (int64_t m0 = 0; m0 < M; m0 += kMaxXRows) {
       const int64_t mr = std::min<int64_t>(kMaxXRows, M - m0);
       const float* xm = x + m0 * ldx;
-      float* ym = y + m0 * ldy + n0;
+      float* ym = y + m0 * ldy + (n0 - first_row);
       if (nr == kRowsPerTile) {
         tile_rows<QT, kRowsPerTile, ADD>(mr, xm, ldx, wt, row_bytes, K, ym, ldy);
       } else {

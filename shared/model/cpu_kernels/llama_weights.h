@@ -22,14 +22,15 @@ struct Weight {
   int64_t qtype, rows, cols, row_bytes;
 };
 
-// Tiles [t0, t1) of y[M, rows] (+)= x[M, cols] . W^T on the calling thread.
-template <bool ADD>
-void weight_tiles(const Weight& w, const float* x, int64_t ldx, int64_t M, float* y, int64_t ldy,
-                  int64_t t0, int64_t t1) {
-  const auto args = std::make_tuple(x, ldx, M, w.data, w.row_bytes, w.rows, w.cols, y, ldy, t0, t1);
-  if (w.qtype == kQ4_1) std::apply(gemm_tiles<kQ4_1, ADD>, args);
-  else if (w.qtype == kQ4_0) std::apply(gemm_tiles<kQ4_0, ADD>, args);
-  else std::apply(gemm_tiles<kQ8_0, ADD>, args);
+// Tile t of y[M, rows] = x[M, cols] . W^T on the calling thread, y's columns starting at
+// weight row `first_row`.
+inline void weight_tile(const Weight& w, const float* x, int64_t ldx, int64_t M, float* y,
+                        int64_t ldy, int64_t t, int64_t first_row) {
+  const auto args =
+      std::make_tuple(x, ldx, M, w.data, w.row_bytes, w.rows, w.cols, y, ldy, t, t + 1, first_row);
+  if (w.qtype == kQ4_1) std::apply(gemm_tiles<kQ4_1, false>, args);
+  else if (w.qtype == kQ4_0) std::apply(gemm_tiles<kQ4_0, false>, args);
+  else std::apply(gemm_tiles<kQ8_0, false>, args);
 }
 
 // Tokens of context one attention work item covers: short enough that a single long sequence

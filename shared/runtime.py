@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable
 from typing import Protocol
+
+from shared import logs
 
 
 class Service(Protocol):
@@ -17,20 +18,9 @@ class Service(Protocol):
     async def stop(self) -> None: ...
 
 
-#: Libraries whose debug output would bury Crescent's own (botocore logs every S3 request's
-#: headers, aiosqlite every statement): they stay at INFO when Crescent debugs.
-QUIET_LIBRARIES = ("aiosqlite", "asyncio", "botocore", "aiobotocore", "grpc", "urllib3", "ucxx")
-
-
 def setup_logging(service: str) -> None:
-    level = os.environ.get("CRESCENT_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=level,
-        format=f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s",
-    )
-    if logging.getLogger().getEffectiveLevel() < logging.INFO:
-        for name in QUIET_LIBRARIES:
-            logging.getLogger(name).setLevel(logging.INFO)
+    """The service's logging, as ``CRESCENT_LOG_LEVEL`` and ``CRESCENT_LOG_FORMAT`` say."""
+    logs.setup_logging(service)
 
 
 def settle_heap() -> None:

@@ -121,6 +121,7 @@ class NodeMetrics(Collector):
                 ("kv_free_blocks", s.free_blocks, "KV blocks not referenced by a sequence"),
                 ("kv_total_blocks", s.total_blocks, "KV blocks in the pool"),
                 ("kv_cached_blocks", self.cached_blocks, "KV blocks holding a cached prefix"),
+                ("kv_block_bytes", s.block_bytes, "bytes of one KV block"),
             ):
                 gauge = GaugeMetricFamily(f"crescent_{name}", doc, labels=names)
                 gauge.add_metric(values, value)

@@ -39,13 +39,11 @@ class LoadSnapshot:
 
 
 def engine_thread() -> ThreadPoolExecutor:
-    """The thread a node's engine steps on, and with ``CRESCENT_ENGINE_THREAD_LOAD`` is
-    loaded on. OpenMP (torch's intra-op pool) gives every thread that runs parallel work a
-    team of its own, and once a process has more such threads than cores, libgomp stops
-    spinning between parallel regions and sleeps instead: each of a decode step's hundreds of
-    regions then waits for a wake-up (``bench/served.py``: a batch-1 step took 32 ms in a node
-    that had loaded its model on another thread, 16 ms in one that loaded it here). One team
-    spins, though, which nodes sharing the cores pay for: hence opt-in."""
+    """The thread a node's engine steps on, and with ``CRESCENT_ENGINE_THREAD_LOAD`` (the
+    default) is loaded on. OpenMP (torch's intra-op pool) gives every thread that runs
+    parallel work a team of its own, and once a process has more such threads than cores,
+    libgomp stops spinning between parallel regions and sleeps instead: a prefill's hundreds
+    of regions then each wait for a wake-up. Loading here keeps one team per process."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
 

@@ -25,9 +25,9 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     )
     tierd_id: str = Field(default="", description="the host's tierd; default: tierd-<host id>")
     engine_thread_load: bool = Field(
-        default=False,
-        description="load the model on the thread that steps it (one OpenMP team: faster "
-        "steps on cores of its own, worse when nodes share them)",
+        default=True,
+        description="load the model on the thread that steps it (one OpenMP team per "
+        "process; false: a second team, and libgomp sleeps between parallel regions)",
     )
     transfer: str = Field(default="ucx", description="KV transfer: ucx or tcp")
     transfer_host: str = Field(default="127.0.0.1", description="interface the TCP server binds")

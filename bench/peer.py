@@ -13,8 +13,9 @@ llama-server is not part of Crescent and is never committed; build it from the
         -- --dataset multiturn --num-requests 60 --request-rate 0.5 --slo-ttft-ms 2000
 
 Everything after ``--`` goes to ``crescent bench`` as it is. With ``--concurrency 1 4 16`` the
-same workload runs once per concurrency (``<out>/c<N>/``), against the same two servers, and a
-table of every level's figures and ratios is printed at the end; ``--no-cache-off`` leaves
+same workload runs once per concurrency (``<out>/c<N>/``, each level with prompts of its own
+unless ``--seed`` is given), against the same two servers, and a table of every level's
+figures and ratios is printed at the end; ``--no-cache-off`` leaves
 the salted Crescent target out.
 
     .venv/bin/python bench/peer.py --llama-server /path/to/llama-server --out runs/sweep \
@@ -157,7 +158,9 @@ def main() -> int:
         for level in args.concurrency:
             out = args.out / f"c{level}"
             argv = bench_argv(out, stack.base_url, llama_url, extra, cache_off)
-            status = subprocess.call([*argv, "--concurrency", str(level)])
+            # Each level its own prompts, so no level finds an earlier one's in the caches.
+            seed = [] if "--seed" in extra else ["--seed", str(1000 + level)]
+            status = subprocess.call([*argv, "--concurrency", str(level), *seed])
             if status != 0:
                 return status
         table = sweep_table(args.out, args.concurrency)

@@ -48,6 +48,11 @@ class EngineSettings(BaseSettings):
         default=True,
         description="A decode step as one call of the CPU kernels, where they load",
     )
+    share_cores: bool = Field(
+        default=True,
+        description="Each step takes this process's share of the cores that other model "
+        "processes on the host are computing on too",
+    )
 
     @field_validator("cpu_affinity")
     @classmethod

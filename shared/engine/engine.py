@@ -9,10 +9,12 @@ from collections import deque
 
 from shared.engine.cache_exchange import CacheExchange
 from shared.engine.config import EngineConfig
+from shared.engine.host_cores import HostCores
 from shared.engine.kv_manager import KVCacheManager
 from shared.engine.runner import ModelRunner
 from shared.engine.scheduler import Scheduler, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
+from shared.engine.threads import set_step_threads
 from shared.engine.types import (
     EngineLoad,
     EngineStats,
@@ -64,6 +66,8 @@ class LLMEngine:
         self.exchange = CacheExchange(self.pool, config.block_size, self._root, self._checksum)
         # Recent step timings, drained by the node into its heartbeats.
         self.step_timings: deque[StepTiming] = deque(maxlen=256)
+        # The host's core ledger, where model processes share their cores step by step.
+        self.cores: HostCores | None = None
 
     def add_request(
         self,
@@ -198,8 +202,14 @@ class LLMEngine:
             if plan.is_empty():
                 return []
             context = sum(c.seq.num_computed_tokens for c in plan.chunks)
+        if self.cores is not None:
+            set_step_threads(self.cores.begin_step())
         started = time.perf_counter()
-        sampled, failed = self._execute(plan)
+        try:
+            sampled, failed = self._execute(plan)
+        finally:
+            if self.cores is not None:
+                self.cores.end_step()
         elapsed = time.perf_counter() - started
         with self.lock:
             tokens = sum(c.num_new for c in plan.chunks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,7 @@ import torch
 from shared.config import EngineSettings
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
+from shared.engine.host_cores import HostCores, default_ledger_path
 from shared.engine.runner import ModelRunner
 from shared.engine.threads import apply_thread_settings
 from shared.kv.layout import KVLayout, num_blocks_for_bytes
@@ -96,4 +98,7 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
     runner = ModelRunner(model, PagedKVCache(layout, num_blocks, device), settings.fused_decode)
     grammars = Grammars(tokenizer.backend_json(), config.vocab_size, engine_config.eos_token_ids)
     engine = LLMEngine(runner, engine_config, config.model_id, grammars)
+    if settings.share_cores and device.type == "cpu":
+        cores = os.sched_getaffinity(0)
+        engine.cores = HostCores(default_ledger_path(), cores, torch.get_num_threads())
     return LoadedEngine(engine, tokenizer, files)

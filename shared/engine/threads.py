@@ -26,3 +26,9 @@ def apply_thread_settings(num_threads: int | None, cpu_affinity: str | None) -> 
     if count is not None:
         torch.set_num_threads(count)
     return torch.get_num_threads()
+
+
+def set_step_threads(count: int) -> None:
+    """Runs the next parallel work of this process on ``count`` threads."""
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)

@@ -73,7 +73,8 @@ class CostParams:
     fp32, 32 tokens). ``pull_overhead_s``: fixed cost of a pull (pin round trip, setup).
     ``nvme_read_bandwidth`` / ``s3_read_bandwidth``: bytes/s a tierd reads a tier at when it
     has not measured it; ``nvme_latency_s`` / ``s3_latency_s``: what a read of that tier adds
-    to a pull before its first byte.
+    to a pull before its first byte. ``local_prefill_max_pause_s``: the longest a prompt
+    computed on a decode node may pause the sequences decoding there (None: no bound).
     """
 
     max_num_batched_tokens: int = 2048
@@ -84,6 +85,7 @@ class CostParams:
     s3_read_bandwidth: float = 2.5e8
     nvme_latency_s: float = 0.001
     s3_latency_s: float = 0.02
+    local_prefill_max_pause_s: float | None = 0.1
 
     def tier_latency_s(self, tier: str) -> float:
         """Seconds a read of ``tier`` adds to a pull (none for a pool in DRAM)."""

@@ -96,6 +96,12 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
         "with no KV hand-off, when the measured costs say that is cheaper (a short prompt, or "
         "one the decode node already caches)",
     )
+    local_prefill_max_pause_ms: float = Field(
+        default=100.0,
+        gt=0,
+        description="a decode node prefills a request itself only if that pauses the "
+        "sequences it is decoding for at most this long",
+    )
     step_prior_base_s: float = Field(
         default=DEFAULT_PRIOR.base_s, ge=0, description="step time before nodes report steps"
     )
@@ -128,6 +134,7 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
             s3_read_bandwidth=self.s3_read_bandwidth,
             nvme_latency_s=self.nvme_latency_ms / 1000,
             s3_latency_s=self.s3_latency_ms / 1000,
+            local_prefill_max_pause_s=self.local_prefill_max_pause_ms / 1000,
         )
 
     def step_times(self) -> StepTimes:

@@ -65,9 +65,18 @@ class Disaggregated:
         return self.ttft_s + self.handoff_s
 
 
-def prefer_local(local: LocalPrefill, remote: Disaggregated, tbt_slo_s: float | None) -> bool:
-    """Whether prefilling on the decode node beats handing off (module docstring)."""
+def prefer_local(
+    local: LocalPrefill,
+    remote: Disaggregated,
+    tbt_slo_s: float | None,
+    max_pause_s: float | None = None,
+) -> bool:
+    """Whether prefilling on the decode node beats handing off (module docstring). Never when
+    it would pause the sequences decoding there longer than ``max_pause_s``: those sums count
+    time, whoever waits, and a stall in a stream its reader is watching costs more than time."""
     if tbt_slo_s is not None and local.step_s + local.pause_s > tbt_slo_s:
+        return False
+    if max_pause_s is not None and local.decoding > 0 and local.pause_s > max_pause_s:
         return False
     return local.total_s < remote.total_s
 
@@ -121,7 +130,8 @@ def choose_local(
     lacking = blocks - pricing.local(target, pricing.limit(target))
     handoff_s = handoff_coefficients(view, target).seconds(lacking)
     disaggregated = Disaggregated(remote.ttft_s, handoff_s)
-    return best if prefer_local(best[0], disaggregated, tbt_slo_s) else None
+    max_pause_s = view.costs.local_prefill_max_pause_s
+    return best if prefer_local(best[0], disaggregated, tbt_slo_s, max_pause_s) else None
 
 
 def decoding(
@@ -156,6 +166,7 @@ def break_even_tokens(
     block_size: int,
     tbt_slo_s: float | None = None,
     limit: int = 1 << 20,
+    max_pause_s: float | None = None,
 ) -> int:
     """The longest fresh prompt (nothing cached, idle queues) that ``prefer_local`` prefills
     on a decode node stepping in ``step_s`` with ``decoding`` other sequences, when a prefill
@@ -168,7 +179,8 @@ def break_even_tokens(
         pause = pause_seconds(coef, tokens, 0, max_batched_tokens)
         cost = PrefillCost("", 0.0, 0.0, compute, 0, 0, (), 0)
         remote = Disaggregated(compute, handoff.seconds(-(-tokens // block_size)))
-        return prefer_local(LocalPrefill(cost, pause, decoding, step_s), remote, tbt_slo_s)
+        local = LocalPrefill(cost, pause, decoding, step_s)
+        return prefer_local(local, remote, tbt_slo_s, max_pause_s)
 
     if not local_wins(1):
         return 0

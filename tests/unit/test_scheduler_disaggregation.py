@@ -81,10 +81,29 @@ def test_prefer_local_weighs_the_pause_of_every_decoding_sequence() -> None:
     assert not prefer_local(LocalPrefill(cost, 0.0, 0, 0.02), remote, 0.01)
 
 
+def test_a_local_prefill_never_pauses_decoding_sequences_past_the_bound() -> None:
+    cost = PrefillCost("d", 0.0, 0.0, 0.2, 0, 0, (), 0)
+    queued = Disaggregated(ttft_s=5.0, handoff_s=0.05)  # the prefill node is far behind
+    long_pause = LocalPrefill(cost, 0.3, 1, 0.02)
+    assert prefer_local(long_pause, queued, None)
+    assert not prefer_local(long_pause, queued, None, max_pause_s=0.1)
+    # With nothing decoding there, no one is paused.
+    assert prefer_local(LocalPrefill(cost, 0.3, 0, 0.02), queued, None, max_pause_s=0.1)
+    # Through placement, with the default bound: a prompt pausing a decoding sequence
+    # longer than it goes to the prefill node, which is otherwise priced alike.
+    bound = CostParams().local_prefill_max_pause_s
+    assert bound is not None
+    tokens = 400
+    assert pause_seconds(COEF, tokens, 0, STEP) > bound
+    assert not decide(cluster(1), tokens).local
+    assert decide(cluster(0), tokens).local
+
+
 @pytest.mark.parametrize("running", [1, 3])
 def test_a_fresh_prompt_is_prefilled_locally_up_to_the_break_even_length(running: int) -> None:
     view = cluster(running)
-    limit = break_even_tokens(COEF, STEP, 0.0, running, fitted(view), 32)
+    bound = view.costs.local_prefill_max_pause_s
+    limit = break_even_tokens(COEF, STEP, 0.0, running, fitted(view), 32, max_pause_s=bound)
     assert 1 < limit < 10_000
     short, long = decide(view, limit), decide(cluster(running), limit + 1)
     assert short.local and short.prefill_node == "d" and short.decode_nodes == ["d"]

@@ -23,6 +23,8 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.recovery import RecoveryPolicy
 from services.gateway.requests import RequestBuilder
 from services.gateway.service import Limits
+from services.gateway.status import StatusBoard
+from services.gateway.status_routes import StatusFeed, add_status_routes
 from shared import subjects
 from shared.bus import Bus, NatsBus
 from shared.cluster_messages import NodeStatus
@@ -83,7 +85,17 @@ class GatewayService:
             heartbeat_loop(bus, s.heartbeat_interval_s, self._status, self._status_now)
         )
         log.info("serving %s (context %d tokens)", builder.model_name, builder.max_model_len)
-        return build_app(gateway)
+        app = build_app(gateway)
+        # The status page: every service's heartbeat, and what this gateway served.
+        board = StatusBoard(s.heartbeat_timeout_s)
+        await bus.watch(subjects.HEARTBEATS_ALL, NodeStatus, StatusFeed(board).on_heartbeat)
+        add_status_routes(app, board, gateway.metrics, self._describe)
+        return app
+
+    def _describe(self) -> dict[str, object]:
+        in_flight = len(self.dispatcher.in_flight) if self.dispatcher is not None else 0
+        model = self.gateway.builder.model_name if self.gateway is not None else ""
+        return {"id": self.gateway_id, "model": model, "in_flight": in_flight}
 
     def _status_now(self) -> NodeStatus:
         return NodeStatus(node_id=self.gateway_id, role="gateway", epoch=self.epoch)

@@ -7,7 +7,7 @@ import runpy
 import sys
 from collections.abc import Sequence
 
-from crescent import config_reference, generate, up
+from crescent import config_reference, generate, status, up
 from crescent.bench import options as bench_options
 from crescent.sim import cli as sim_cli
 
@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         "hash-key", help="print the CRESCENT_API_KEYS_FILE line of the API key read on stdin"
     )
     hash_key.add_argument("tenant", help="the tenant the key belongs to")
+    status.add_arguments(
+        sub.add_parser("status", help="the cluster as a running gateway sees it (rich tables)")
+    )
     config_reference.add_arguments(
         sub.add_parser("config-reference", help="print the table of every CRESCENT_* variable")
     )
@@ -83,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sim_cli.run(args)
     if args.command == "hash-key":
         return _hash_key(args.tenant)
+    if args.command == "status":
+        return status.run(args)
     if args.command == "config-reference":
         return config_reference.run(args)
     if args.command == "serve":

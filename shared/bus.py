@@ -15,6 +15,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from shared import tracing
 from shared.errors import CrescentError
 from shared.messages import WireMessage, decode, encode
 
@@ -129,6 +130,7 @@ class NatsBus:
         return bool(self.nc.is_connected)
 
     async def publish(self, subject: str, message: WireMessage) -> None:
+        tracing.stamp(message)
         await self.nc.publish(subject, encode(message))
 
     async def subscribe(
@@ -173,7 +175,8 @@ class NatsBus:
                 log.warning("dropped a malformed %s on %s: %s", kind.__name__, msg.subject, exc)
                 return
             try:
-                await handler(message, msg)
+                with tracing.delivery(message, msg.subject):
+                    await handler(message, msg)
             except Exception:
                 log.exception("handler for %s failed", msg.subject)
 
@@ -183,6 +186,7 @@ class NatsBus:
     async def request(
         self, subject: str, message: WireMessage, reply_kind: type[R], timeout_s: float
     ) -> R:
+        tracing.stamp(message)
         try:
             reply = await self.nc.request(subject, encode(message), timeout=timeout_s)
             return decode(reply.data, reply_kind)

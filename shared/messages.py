@@ -100,6 +100,8 @@ class GenerateRequest(WireMessage, kw_only=True):
     ``gateway_id`` names the gateway whose client waits (nodes check it is still there);
     ``deadline_ts`` is the wall-clock time after which nobody waits (0: none); ``resume``
     marks the continuation of an accepted request, which admission control never refuses.
+    ``traceparent`` is the W3C trace context of the span that sent it (``shared.tracing``;
+    empty while tracing is off), so each service's spans of the request join one trace.
     """
 
     request_id: Id
@@ -111,6 +113,7 @@ class GenerateRequest(WireMessage, kw_only=True):
     gateway_id: OptionalId = ""
     deadline_ts: Timestamp = 0.0
     resume: bool = False
+    traceparent: Annotated[str, Meta(max_length=128)] = ""
 
 
 class SubmitReply(WireMessage, kw_only=True):

@@ -9,7 +9,7 @@ import signal
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from shared import logs
+from shared import logs, tracing
 
 
 class Service(Protocol):
@@ -19,8 +19,10 @@ class Service(Protocol):
 
 
 def setup_logging(service: str) -> None:
-    """The service's logging, as ``CRESCENT_LOG_LEVEL`` and ``CRESCENT_LOG_FORMAT`` say."""
-    logs.setup_logging(service)
+    """The service's logging, as ``CRESCENT_LOG_LEVEL`` and ``CRESCENT_LOG_FORMAT`` say, and
+    its tracing where ``OTEL_EXPORTER_OTLP_ENDPOINT`` names a collector."""
+    tracing.configure(service)
+    logs.setup_logging(service, trace_ids=tracing.current_ids)
 
 
 def settle_heap() -> None:

@@ -25,6 +25,7 @@ from services.gateway.requests import RequestBuilder
 from services.gateway.service import Limits
 from services.gateway.status import StatusBoard
 from services.gateway.status_routes import StatusFeed, add_status_routes
+from services.gateway.traced import TraceRequests
 from shared import subjects
 from shared.bus import Bus, NatsBus
 from shared.cluster_messages import NodeStatus
@@ -90,6 +91,7 @@ class GatewayService:
         board = StatusBoard(s.heartbeat_timeout_s)
         await bus.watch(subjects.HEARTBEATS_ALL, NodeStatus, StatusFeed(board).on_heartbeat)
         add_status_routes(app, board, gateway.metrics, self._describe)
+        app.add_middleware(TraceRequests)
         return app
 
     def _describe(self) -> dict[str, object]:

@@ -22,7 +22,7 @@ from services.scheduler.policy import (
 from services.scheduler.prefetch import Prefetch, plan_prefetches
 from services.scheduler.recent import RecentPlacements, merge
 from services.scheduler.wire import node_load, prefetch_requests, prefill_task
-from shared import subjects
+from shared import subjects, tracing
 from shared.bus import Bus, BusRequestError, NoResponders
 from shared.cluster_messages import NodeStatus, TaskAck
 from shared.kv.hashing import BlockHash
@@ -180,6 +180,8 @@ class SchedulerHandlers:
             offered = time.monotonic()
             ack = await self._offer(decision, request)
             if ack is not None and ack.accepted:
+                placed_s, offer_s = offered - started - offering, time.monotonic() - offered
+                tracing.record("placement", tracing.current(), placed_s, ago_s=offer_s)
                 self.metrics.placed(decision, ask)
                 self.lookup.touch(hashes[: _matched(holders)])
                 if decision.local:

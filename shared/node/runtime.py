@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from shared import subjects
+from shared import subjects, tracing
 from shared.bus import Bus, NatsBus
 from shared.cluster_messages import (
     LeaseRelease,
@@ -41,6 +41,7 @@ from shared.messages import (
     TokenChunk,
 )
 from shared.model.kv_cache import PagedKVCache
+from shared.node import spans
 from shared.node.catalogue import CatalogueSync
 from shared.node.chunks import error_chunk
 from shared.node.direct import DirectReader
@@ -234,6 +235,8 @@ class NodeRuntime:
         """Publishes a chunk of one of this node's requests, signed with who made it."""
         chunk.node_id = self.node_id
         chunk.epoch = self.epoch
+        if tracing.enabled():
+            spans.trace_chunk(chunk, self.ledger.get(chunk.request_id))
         await self.bus.publish(subjects.tokens(chunk.request_id), chunk)
 
     async def fail(self, request_id: str, message: str, code: int) -> None:

@@ -10,6 +10,7 @@ from openai import OpenAI
 
 from tests.e2e.stack import Stack, collect_logs
 from tests.support.nats import NatsServer
+from tests.support.otlp import OtlpReceiver
 
 
 @pytest.fixture(scope="session")
@@ -37,11 +38,23 @@ def stack_env(cache_dir: Path, nats_url: str, transfer: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """Where the session's stack exports its spans (tests/e2e/test_tracing_e2e.py)."""
+    receiver = OtlpReceiver().start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="session")
 def stack(
-    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path, nats_server: NatsServer
+    tmp_path_factory: pytest.TempPathFactory,
+    cache_dir: Path,
+    nats_server: NatsServer,
+    otlp_receiver: OtlpReceiver,
 ) -> Iterator[Stack]:
     data_dir = tmp_path_factory.mktemp("stack")
-    running = Stack.start(data_dir, stack_env(cache_dir, nats_server.url, "ucx"))
+    env = stack_env(cache_dir, nats_server.url, "ucx") | otlp_receiver.env()
+    running = Stack.start(data_dir, env)
     yield running
     status = running.stop()
     assert status == 0, collect_logs(data_dir)

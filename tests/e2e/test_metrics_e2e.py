@@ -160,10 +160,10 @@ def test_a_disaggregated_request_moves_transfer_bytes(stack: Stack, model_name: 
     assert total(sent, finished, outcome="handed_over") >= 1
 
 
-async def long_prompt_beside_a_stream(stack: Stack, model_name: str, prompt: str) -> None:
+async def long_prompt_beside_a_stream(stack: Stack, model_name: str, prompt: str) -> str:
     """Sends ``prompt`` while a stream decodes (``min_tokens`` keeps it going): a prompt that
     long would pause the stream longer than a hand-off takes, so a prefill node computes it
-    and hands its KV to the decode node."""
+    and hands its KV to the decode node. Returns the long request's response id."""
     aclient = AsyncOpenAI(base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=300)
     started = asyncio.Event()
 
@@ -180,8 +180,9 @@ async def long_prompt_beside_a_stream(stack: Stack, model_name: str, prompt: str
     await asyncio.wait_for(started.wait(), 120)
     await asyncio.sleep(1.5)  # the decode node's next heartbeats count the stream
     assert not streaming.done()
-    await aclient.chat.completions.create(
+    long = await aclient.chat.completions.create(
         model=model_name, messages=[{"role": "user", "content": prompt}], max_tokens=2,
         temperature=0,
     )  # fmt: skip
     await streaming
+    return long.id

@@ -15,7 +15,7 @@ from typing import Annotated, TypeVar
 import msgspec
 from msgspec import Meta
 
-from shared.sampling_params import MAX_GRAMMAR_CHARS, SamplingParams
+from shared.sampling_params import MAX_GRAMMAR_CHARS, MAX_KEEP_TTL_S, SamplingParams
 
 WIRE_VERSION = 2
 
@@ -39,6 +39,9 @@ HttpStatus = Annotated[int, Meta(ge=400, le=599)]
 Text = Annotated[str, Meta(max_length=4096)]
 ShortText = Annotated[str, Meta(max_length=256)]
 MAX_PROMPT_TOKENS = 1 << 20
+#: ``SubmitReply.error_kind`` of a keep refused because the tenant's kept blocks would exceed
+#: its quota (the gateway answers OpenAI's ``insufficient_quota``).
+QUOTA = "insufficient_quota"
 
 
 class WireMessage(msgspec.Struct, kw_only=True):
@@ -76,6 +79,10 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
     grammar: Annotated[str, Meta(max_length=MAX_GRAMMAR_CHARS)] = ""
     cache_read: bool = True
     cache_write: bool = True
+    # Keeping the prompt's blocks (``SamplingParams.keep``); the scheduler records it in the
+    # catalogue's ledger before the request is placed.
+    keep: Annotated[str, Meta(pattern=r"^(|ttl|pin|drop)$")] = ""
+    keep_ttl_s: Annotated[float, Meta(ge=0.0, le=MAX_KEEP_TTL_S)] = 0.0
 
     def to_params(self) -> SamplingParams:
         values = msgspec.structs.asdict(self)
@@ -129,6 +136,8 @@ class SubmitReply(WireMessage, kw_only=True):
     error_code: HttpStatus | None = None
     retry_after_s: Seconds | None = None
     placement_s: Seconds = 0.0  # the scheduler's time on it (``shared.phases.PLACEMENT``)
+    # What kind of refusal, where the status alone does not say (``QUOTA``).
+    error_kind: Annotated[str, Meta(max_length=32)] = ""
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -148,6 +157,8 @@ class TokenChunk(WireMessage, kw_only=True):
     that node serves the request from now on; one with ``migrate`` says the producer gives the
     request up, and it should be resumed from ``index``. ``cached_by_tier`` splits
     ``num_cached_tokens`` by where the blocks came from (``dram``, ``nvme``, ``s3``).
+    ``prompt_tokens_written`` and ``output_tokens_written`` count the tokens whose blocks the
+    producer computed and newly cached for this request so far (full blocks only).
     """
 
     request_id: Id
@@ -167,6 +178,8 @@ class TokenChunk(WireMessage, kw_only=True):
     migrate: bool = False
     cached_by_tier: CachedByTier = msgspec.field(default_factory=dict)
     phases: Phases = msgspec.field(default_factory=dict)  # what the sender timed of it
+    prompt_tokens_written: Count = 0
+    output_tokens_written: Count = 0
 
 
 class AbortRequest(WireMessage, kw_only=True):

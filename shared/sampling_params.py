@@ -22,6 +22,11 @@ MAX_REPETITION_PENALTY = 10.0
 MAX_STOP_TOKEN_IDS = 1024
 #: Longest grammar text a request may carry (a schema of a few hundred properties fits).
 MAX_GRAMMAR_CHARS = 256 * 1024
+#: What a request may ask of its prompt's cached blocks (``keep``): nothing, to keep them for
+#: ``keep_ttl_s``, to pin them until dropped, or to drop a keep.
+KEEP_MODES = ("", "ttl", "pin", "drop")
+#: The longest time a prefix may be kept for (30 days); a pin has no end.
+MAX_KEEP_TTL_S = 30 * 86_400.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,11 @@ class SamplingParams:
     completion; 1 disables it), ``logit_bias`` (pairs of token id and the value added to its
     logit), ``min_tokens`` (no end-of-sequence or stop token before that many tokens) and
     ``grammar`` (llguidance grammar text every token must follow; "" for none).
+
+    How it uses the KV cache: ``cache_read`` and ``cache_write``, and ``keep`` (one of
+    ``KEEP_MODES``) with ``keep_ttl_s``: the prompt's full blocks are kept on the node that
+    computes the prompt, for ``keep_ttl_s`` seconds (``ttl``) or until dropped (``pin``), or
+    released there (``drop``).
     """
 
     max_tokens: int = 16
@@ -60,6 +70,8 @@ class SamplingParams:
     grammar: str = ""
     cache_read: bool = True  # False: compute the whole prompt, reusing no cached block
     cache_write: bool = True  # False: the blocks it computes are not offered to the cache
+    keep: str = ""
+    keep_ttl_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,6 +153,25 @@ class SamplingParams:
         if not isinstance(self.grammar, str) or len(self.grammar) > MAX_GRAMMAR_CHARS:
             raise InvalidRequestError(
                 f"grammar must be text of at most {MAX_GRAMMAR_CHARS} characters", "grammar"
+            )
+        self._validate_keep()
+
+    def _validate_keep(self) -> None:
+        param = "cache_control.keep"
+        if self.keep not in KEEP_MODES:
+            raise InvalidRequestError(
+                f"keep must be one of {KEEP_MODES[1:]}, got {self.keep!r}", param
+            )
+        _check_float(self.keep_ttl_s, "keep_ttl_s")
+        if self.keep == "ttl" and not 0.0 < self.keep_ttl_s <= MAX_KEEP_TTL_S:
+            raise InvalidRequestError(
+                f"keep.ttl_s must be above 0 and at most {MAX_KEEP_TTL_S:g} (0 drops a keep), "
+                f"got {self.keep_ttl_s!r}",
+                param,
+            )
+        if self.keep in ("ttl", "pin") and not self.cache_write:
+            raise InvalidRequestError(
+                "keeping a prefix needs the cache: it cannot be combined with write false", param
             )
 
 

@@ -13,10 +13,11 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from services.cachemeta.index import PrefixIndex
 from services.cachemeta.repository import NodeRecord, Repository
+from services.cachemeta.serial import SerialChanges
 from shared.rpc.types import BlockRecord, CatalogueStats, NodeInfo, PrefixHolder, TierCapacity
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,7 @@ class Catalogue:
         # When each node was last heard from, even if its heartbeat could not be saved: a
         # database outage must not make live nodes look silent.
         self._heard: dict[str, float] = {}
-        self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._changes = SerialChanges()
         self._touches: dict[bytes, tuple[int, float]] = {}  # hash -> (accesses, last), unsaved
         self._started_at = clock()
 
@@ -246,23 +246,8 @@ class Catalogue:
         )
 
     async def _exclusive(self, change: Callable[[], Awaitable[T]]) -> T:
-        """Runs ``change`` alone and to its end, even if the caller stops waiting."""
-
-        async def locked() -> T:
-            async with self._lock:
-                return await change()
-
-        task = asyncio.get_running_loop().create_task(locked())
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-        return await asyncio.shield(task)
+        return await self._changes.run(change)
 
     async def drain(self) -> None:
         """Waits for the changes already started (at shutdown)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _finished(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved here so an abandoned caller leaves no warning
+        await self._changes.drain()

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from services.cachemeta.catalogue import Catalogue
 from services.cachemeta.config import CacheMetaSettings
 from services.cachemeta.database import create_engine
+from services.cachemeta.keeps import Keeps
 from services.cachemeta.metrics import CacheMetaMetrics
 from services.cachemeta.migrations import upgrade
 from services.cachemeta.repository import DatabaseUnavailable, Repository
@@ -43,6 +44,7 @@ class CacheMetaService:
         self.settings = settings
         self.engine: AsyncEngine | None = None
         self.catalogue: Catalogue | None = None
+        self.keeps: Keeps | None = None
         self.servicer: CacheMetaServicer | None = None
         self.server: grpc.aio.Server | None = None
         self.ops: OpsServer | None = None
@@ -74,8 +76,10 @@ class CacheMetaService:
             report.seconds,
         )
         self.catalogue = catalogue
+        self.keeps = Keeps(catalogue.repository)
+        log.info("keep ledger loaded: %d keeps", await self.keeps.load())
         self._freeze_if_grown()
-        self.servicer = CacheMetaServicer(catalogue)
+        self.servicer = CacheMetaServicer(catalogue, self.keeps)
         token = s.cachemeta_token_value()
         if token is None:
             log.warning("no cachemeta token: serving every caller (development mode)")
@@ -107,6 +111,8 @@ class CacheMetaService:
                 await self._sweeper
         if self.server is not None:
             await self.server.stop(grace=2.0)
+        if self.keeps is not None:
+            await self.keeps.drain()
         if self.catalogue is not None:
             await self.catalogue.drain()
             with contextlib.suppress(Exception):  # best effort: access counts are statistics
@@ -138,6 +144,8 @@ class CacheMetaService:
                 self.database_up = True
                 await self.catalogue.sweep()
                 await self.catalogue.flush_touches()
+                if self.keeps is not None:
+                    await self.keeps.purge()
                 self._freeze_if_grown()
             except DatabaseUnavailable as exc:
                 self.database_up = False

@@ -62,6 +62,21 @@ class Replica(Base):
     tier: Mapped[str] = mapped_column(String(16), primary_key=True)
 
 
+class Keep(Base):
+    """A block kept for a tenant (``quota_key``): until ``until`` (unix time), or for good
+    while ``pinned``. A keep may name a block no node holds yet (its request is still being
+    computed) or any longer; what holds it keeps it while the row is in force."""
+
+    __tablename__ = "keeps"
+    __table_args__ = (Index("ix_keeps_quota_key", "quota_key"),)
+
+    hash: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
+    quota_key: Mapped[bytes] = mapped_column(LargeBinary(64))
+    until: Mapped[float] = mapped_column(Float)
+    pinned: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
 nodes_table = Node.__table__
 blocks_table = Block.__table__
 replicas_table = Replica.__table__
+keeps_table = Keep.__table__

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from services.cachemeta.database import from_signed64, pack_token_ids, to_signed64, unpack_token_ids
-from services.cachemeta.models import Block, Node, Replica
+from services.cachemeta.models import Block, Keep, Node, Replica
 from shared.errors import CrescentError
 from shared.rpc.types import BlockRecord, CatalogueStats, TierCapacity
 
@@ -32,6 +32,7 @@ Holder = tuple[str, str]
 nodes = cast(Table, Node.__table__)
 blocks = cast(Table, Block.__table__)
 replicas = cast(Table, Replica.__table__)
+keeps = cast(Table, Keep.__table__)
 # Rows per executemany batch and hashes per IN list: far below the 32,767 bind parameters
 # asyncpg (and SQLite >= 3.32) accept in one statement.
 CHUNK = 2000
@@ -252,6 +253,37 @@ class Repository:
         values["checksum"] = from_signed64(values["checksum"])
         return values
 
+    async def load_keeps(self) -> list[KeepRow]:
+        rows = await self._run(lambda c: c.execute(select(keeps)), write=False)
+        return [
+            KeepRow(bytes(r.hash), bytes(r.quota_key), float(r.until), bool(r.pinned)) for r in rows
+        ]
+
+    async def save_keeps(self, rows: Sequence[KeepRow], gone: Sequence[bytes] = ()) -> None:
+        """Writes ``rows`` (inserted or updated) and deletes the keeps of ``gone``, in one
+        transaction."""
+        values = [
+            {"hash": r.block_hash, "quota_key": r.quota_key, "until": r.until, "pinned": r.pinned}
+            for r in rows
+        ]
+        upsert = self._insert(keeps)
+        upsert = upsert.on_conflict_do_update(
+            index_elements=["hash"],
+            set_={
+                "quota_key": upsert.excluded.quota_key,
+                "until": upsert.excluded.until,
+                "pinned": upsert.excluded.pinned,
+            },
+        )
+
+        async def work(conn: AsyncConnection) -> None:
+            for chunk in _chunks(list(gone)):
+                await conn.execute(delete(keeps).where(keeps.c.hash.in_(chunk)))
+            for value_chunk in _chunks(values):
+                await conn.execute(upsert, value_chunk)
+
+        await self._run(work)
+
     async def _drop_node_replicas(self, conn: AsyncConnection, node_id: str) -> None:
         stmt = delete(replicas).where(replicas.c.node_id == node_id)
         result = await conn.execute(stmt.returning(replicas.c.block_hash))
@@ -280,6 +312,17 @@ class Repository:
                 self.errors += 1
                 raise DatabaseUnavailable(f"catalogue database error: {exc}") from exc
         raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class KeepRow:
+    """A keep row: ``block_hash`` kept for ``quota_key`` until ``until`` or, ``pinned``, for
+    good."""
+
+    block_hash: bytes
+    quota_key: bytes
+    until: float
+    pinned: bool
 
 
 def _node_values(node: NodeRecord) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 import grpc
 
 from services.cachemeta.catalogue import Catalogue
+from services.cachemeta.keeps import Keeps
 from services.cachemeta.repository import DatabaseUnavailable
 from shared.rpc import cachemeta_pb2 as pb
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
@@ -32,6 +34,9 @@ HASH_BYTES = 16
 MAX_ID_CHARS = 255
 MAX_ROLE_CHARS = 64
 MAX_I64 = (1 << 63) - 1
+MAX_QUOTA_KEY_BYTES = 64
+#: The longest keep a call may ask for (30 days; a pin has no end).
+MAX_KEEP_TTL_S = 30 * 86_400.0
 
 
 class InvalidArgument(ValueError):
@@ -75,8 +80,9 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
     """Owns the per-method call counters. Invariant: every call ends with a reply or one of
     INVALID_ARGUMENT, UNAVAILABLE or INTERNAL, and leaves the catalogue serving."""
 
-    def __init__(self, catalogue: Catalogue) -> None:
+    def __init__(self, catalogue: Catalogue, keeps: Keeps) -> None:
         self.catalogue = catalogue
+        self.keeps = keeps
         self.calls: Counter[tuple[str, str]] = Counter()
         self.seconds: dict[str, float] = {}
         #: Told each call's method and seconds (the metrics' latency histogram), if set.
@@ -194,6 +200,46 @@ class CacheMetaServicer(pb_grpc.CacheMetaServicer):
             )
 
         return await self._serve("Stats", context, lambda: None, run)
+
+    async def KeepBlocks(
+        self, request: pb.KeepBlocksRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.KeepBlocksReply:
+        def check() -> list[bytes]:
+            if not 0 < len(request.quota_key) <= MAX_QUOTA_KEY_BYTES:
+                raise InvalidArgument(f"quota_key must be 1 to {MAX_QUOTA_KEY_BYTES} bytes long")
+            if not 0.0 <= request.ttl_s <= MAX_KEEP_TTL_S:  # NaN fails this too
+                raise InvalidArgument(f"ttl_s must be between 0 and {MAX_KEEP_TTL_S:g}")
+            return _hashes(request.block_hashes)
+
+        async def run(hashes: list[bytes]) -> pb.KeepBlocksReply:
+            grant = await self.keeps.keep(
+                request.quota_key,
+                hashes,
+                ttl_s=request.ttl_s,
+                pin=request.pin,
+                max_blocks=request.max_blocks,
+            )
+            return pb.KeepBlocksReply(
+                granted=grant.granted,
+                num_kept=grant.num_kept,
+                new_block_hashes=grant.new_block_hashes,
+            )
+
+        return await self._serve("KeepBlocks", context, check, run)
+
+    async def ListKeeps(
+        self, request: pb.ListKeepsRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> pb.ListKeepsReply:
+        async def run(_: None) -> pb.ListKeepsReply:
+            version, changed, keeps = self.keeps.listing(request.version)
+            reply = pb.ListKeepsReply(version=version, changed=changed)
+            add = reply.keeps.add
+            for block_hash, until in keeps.items():
+                pinned = until == math.inf
+                add(block_hash=block_hash, until_unix=0.0 if pinned else until, pinned=pinned)
+            return reply
+
+        return await self._serve("ListKeeps", context, lambda: None, run)
 
     async def _serve(
         self,

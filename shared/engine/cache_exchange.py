@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shared.kv.hashing import BlockHash, hash_reusable_blocks, quota_key
+from shared.kv.keeps import PoolKeeps
 from shared.kv.pool import BlockPool, KVBlock
 
 
@@ -60,8 +61,10 @@ class CacheExchange:
         block_size: int,
         root: Callable[[bytes], BlockHash],
         checksum: Callable[[int], int],
+        keeps: PoolKeeps | None = None,
     ) -> None:
         self.pool = pool
+        self.keeps = keeps
         self.block_size = block_size
         self._root = root
         self._checksum = checksum
@@ -119,18 +122,25 @@ class CacheExchange:
     def offer_sink(
         self, pin_id: str, max_blocks: int, skip: Callable[[BlockHash], bool]
     ) -> list[CachedBlock]:
-        """Pins up to ``max_blocks`` of the coldest unreferenced cached blocks no lower tier
-        holds yet (``skip`` leaves out those already on their way down), for tierd to copy.
+        """Pins up to ``max_blocks`` cached blocks no lower tier holds yet (``skip`` leaves
+        out those already on their way down), for tierd to copy: kept blocks first (a copy
+        below is what keeps them if this node dies), then the coldest unreferenced ones.
 
         At most a quarter of the free blocks are pinned at once, so a sink never keeps the
-        pool from admitting a request; the pin lasts only as long as the copy.
+        pool from admitting a request (kept blocks are held already and take none); the pin
+        lasts only as long as the copy.
         """
-        limit = min(max_blocks, len(self.pool.free_queue) // 4)
-        chosen: list[KVBlock] = []
+
+        def wanted(block: KVBlock) -> bool:
+            return block.block_hash is not None and not block.sunk and not skip(block.block_hash)
+
+        kept = self.keeps.blocks() if self.keeps is not None else []
+        chosen = [b for b in kept if wanted(b)][:max_blocks]
+        limit = min(max_blocks, len(chosen) + len(self.pool.free_queue) // 4)
         for block in self.pool.free_queue:  # head first: the next to be evicted
             if len(chosen) >= limit:
                 break
-            if block.block_hash is not None and not block.sunk and not skip(block.block_hash):
+            if wanted(block):
                 chosen.append(block)
         if not chosen:
             return []

@@ -24,6 +24,7 @@ from shared.engine.types import (
 )
 from shared.errors import InvalidRequestError, PromptTooLongError
 from shared.kv.hashing import BlockHash, block_checksum, quota_key, root_hash
+from shared.kv.keeps import PINNED, PoolKeeps
 from shared.kv.pool import BlockPool
 from shared.model.grammar import Grammars
 from shared.model.logits_processing import SequenceLogitsProcessor
@@ -56,6 +57,11 @@ class LLMEngine:
             self.pool, config.block_size, config.enable_prefix_caching, runner.cache.copy_block
         )
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        # The prompt blocks requests asked to keep (``SamplingParams.keep``).
+        self.keeps = PoolKeeps(self.pool)
+        self.exchange = CacheExchange(
+            self.pool, config.block_size, self._root, self._checksum, self.keeps
+        )
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.stats = EngineStats()
         self._sequences: dict[str, Sequence] = {}
@@ -63,7 +69,6 @@ class LLMEngine:
         self._importing: dict[str, Sequence] = {}
         self._roots: dict[bytes, BlockHash] = {}
         self.lock = threading.RLock()
-        self.exchange = CacheExchange(self.pool, config.block_size, self._root, self._checksum)
         # Recent step timings, drained by the node into its heartbeats.
         self.step_timings: deque[StepTiming] = deque(maxlen=256)
         # The host's core ledger, where model processes share their cores step by step.
@@ -136,7 +141,7 @@ class LLMEngine:
         if ok:
             seq.num_computed_tokens = seq.num_prompt_tokens
             self.stats.prompt_tokens_imported += seq.num_prompt_tokens - seq.num_cached_tokens
-            self.kv.cache_computed_blocks(seq)
+            self.kv.cache_computed_blocks(seq, computed_here=False)
             self.scheduler.resume(seq)
         else:
             self.kv.free(seq)
@@ -198,6 +203,7 @@ class LLMEngine:
         snapshots, pins for peers) need not wait for a long forward pass.
         """
         with self.lock:
+            self.keeps.expire(time.time())
             plan = self.scheduler.schedule()
             if plan.is_empty():
                 return []
@@ -279,6 +285,24 @@ class LLMEngine:
             self.stats.prompt_tokens_computed += prompt_part
             seq.num_computed_tokens += chunk.num_new
             self.kv.cache_computed_blocks(seq)
+            if seq.params.keep and start < seq.num_prompt_tokens <= seq.num_computed_tokens:
+                self._keep_prompt(seq)
+
+    def _keep_prompt(self, seq: Sequence) -> None:
+        """Applies a request's keep to its prompt's full blocks, now all computed or found
+        cached: a keep of the tenant's ledger the scheduler recorded before placing it."""
+        hashes = self.kv.prompt_block_hashes(seq)
+        p, now = seq.params, time.time()
+        if p.keep == "drop":
+            self.keeps.release(hashes)
+            return
+        until = PINNED if p.keep == "pin" else now + p.keep_ttl_s
+        kept = self.keeps.keep(hashes, until, now)
+        if kept < len(hashes):
+            log.info(
+                "kept %d of the %d prompt blocks of %s (the keeps hold %d of %d blocks)",
+                kept, len(hashes), seq.request_id, len(self.keeps), self.keeps.max_kept,
+            )  # fmt: skip
 
     def _append(self, seq: Sequence, sampled: SampledToken) -> RequestOutput:
         if sampled.error is not None:

@@ -120,8 +120,10 @@ class KVCacheManager:
         self.pool.free([source])
         return fresh[0]
 
-    def cache_computed_blocks(self, seq: Sequence) -> None:
-        """Publishes every block that is now full of computed tokens under its chained hash."""
+    def cache_computed_blocks(self, seq: Sequence, *, computed_here: bool = True) -> None:
+        """Publishes every block that is now full of computed tokens under its chained hash.
+        The blocks it newly caches count as the sequence's writes (``num_*_tokens_written``)
+        unless their KV was computed elsewhere (``computed_here`` False: an import)."""
         num_full = seq.num_computed_tokens // self.block_size
         if not self.enable_prefix_caching or num_full <= seq.num_published_blocks:
             return
@@ -137,8 +139,19 @@ class KVCacheManager:
                 # simply stays private and returns to the pool when the sequence ends.
                 parent = seq.block_hashes[i - 1] if i else seq.root_hash
                 tokens = seq.token_ids[i * bs : (i + 1) * bs]
-                self.pool.cache_block(block, seq.block_hashes[i], parent, tokens, seq.quota_key)
+                args = (seq.block_hashes[i], parent, tokens, seq.quota_key)
+                if self.pool.cache_block(block, *args) and computed_here:
+                    in_prompt = min(max(seq.num_prompt_tokens - i * bs, 0), bs)
+                    seq.num_prompt_tokens_written += in_prompt
+                    seq.num_output_tokens_written += bs - in_prompt
         seq.num_published_blocks = num_full
+
+    def prompt_block_hashes(self, seq: Sequence) -> list[BlockHash]:
+        """The hashes of the prompt's full blocks (what a keep applies to)."""
+        num_full = seq.num_prompt_tokens // self.block_size
+        if len(seq.block_hashes) < num_full:
+            self._hash_full_blocks(seq, num_full * self.block_size)
+        return seq.block_hashes[:num_full]
 
     def free(self, seq: Sequence) -> None:
         partial = self._partial_block(seq)

@@ -49,6 +49,9 @@ class Sequence:
     num_cached_tokens: int = -1  # prompt tokens reused from the prefix cache; -1: not looked up
     num_prompt_tokens_computed: int = 0
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
+    # Tokens of the prompt / the output whose blocks this sequence computed and newly cached.
+    num_prompt_tokens_written: int = 0
+    num_output_tokens_written: int = 0
     finish_reason: FinishReason | None = None
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     hold_blocks: bool = False  # keep the blocks referenced after finishing, until released

@@ -23,6 +23,9 @@ class RequestOutput:
     new_logprobs: list[TokenLogprobs] = field(default_factory=list)
     error: str | None = None
     admitted_at: float = 0.0  # monotonic time of the sequence's first step
+    # Tokens of the prompt / the output it computed and newly cached (full blocks).
+    num_prompt_tokens_written: int = 0
+    num_output_tokens_written: int = 0
 
     @classmethod
     def of(
@@ -40,6 +43,8 @@ class RequestOutput:
             new_logprobs=logprobs,
             error=error,
             admitted_at=seq.admitted_at,
+            num_prompt_tokens_written=seq.num_prompt_tokens_written,
+            num_output_tokens_written=seq.num_output_tokens_written,
         )
 
 

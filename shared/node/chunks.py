@@ -25,6 +25,8 @@ def output_chunk(out: RequestOutput, offset: int, num_cached_tokens: int) -> Tok
         finish_reason=out.finish_reason.value if out.finish_reason is not None else None,
         num_prompt_tokens=out.num_prompt_tokens,
         num_cached_tokens=num_cached_tokens,
+        prompt_tokens_written=out.num_prompt_tokens_written,
+        output_tokens_written=out.num_output_tokens_written,
     )
 
 

@@ -161,3 +161,53 @@ class StatsReply(_message.Message):
     num_nodes: int
     replica_bytes: int
     def __init__(self, num_blocks: _Optional[int] = ..., num_replicas: _Optional[int] = ..., num_nodes: _Optional[int] = ..., replica_bytes: _Optional[int] = ...) -> None: ...
+
+class KeepBlocksRequest(_message.Message):
+    __slots__ = ("quota_key", "block_hashes", "ttl_s", "pin", "max_blocks")
+    QUOTA_KEY_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    MAX_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    quota_key: bytes
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    ttl_s: float
+    pin: bool
+    max_blocks: int
+    def __init__(self, quota_key: _Optional[bytes] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ..., pin: _Optional[bool] = ..., max_blocks: _Optional[int] = ...) -> None: ...
+
+class KeepBlocksReply(_message.Message):
+    __slots__ = ("granted", "num_kept", "new_block_hashes")
+    GRANTED_FIELD_NUMBER: _ClassVar[int]
+    NUM_KEPT_FIELD_NUMBER: _ClassVar[int]
+    NEW_BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    granted: bool
+    num_kept: int
+    new_block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, granted: _Optional[bool] = ..., num_kept: _Optional[int] = ..., new_block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class Keep(_message.Message):
+    __slots__ = ("block_hash", "until_unix", "pinned")
+    BLOCK_HASH_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_UNIX_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    block_hash: bytes
+    until_unix: float
+    pinned: bool
+    def __init__(self, block_hash: _Optional[bytes] = ..., until_unix: _Optional[float] = ..., pinned: _Optional[bool] = ...) -> None: ...
+
+class ListKeepsRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class ListKeepsReply(_message.Message):
+    __slots__ = ("version", "changed", "keeps")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_FIELD_NUMBER: _ClassVar[int]
+    KEEPS_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    changed: bool
+    keeps: _containers.RepeatedCompositeFieldContainer[Keep]
+    def __init__(self, version: _Optional[int] = ..., changed: _Optional[bool] = ..., keeps: _Optional[_Iterable[_Union[Keep, _Mapping]]] = ...) -> None: ...

@@ -72,6 +72,16 @@ class CacheMetaStub:
                 request_serializer=cachemeta__pb2.StatsRequest.SerializeToString,
                 response_deserializer=cachemeta__pb2.StatsReply.FromString,
                 _registered_method=True)
+        self.KeepBlocks = channel.unary_unary(
+                '/crescent.cachemeta.v1.CacheMeta/KeepBlocks',
+                request_serializer=cachemeta__pb2.KeepBlocksRequest.SerializeToString,
+                response_deserializer=cachemeta__pb2.KeepBlocksReply.FromString,
+                _registered_method=True)
+        self.ListKeeps = channel.unary_unary(
+                '/crescent.cachemeta.v1.CacheMeta/ListKeeps',
+                request_serializer=cachemeta__pb2.ListKeepsRequest.SerializeToString,
+                response_deserializer=cachemeta__pb2.ListKeepsReply.FromString,
+                _registered_method=True)
 
 
 class CacheMetaServicer:
@@ -125,6 +135,20 @@ class CacheMetaServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def KeepBlocks(self, request, context):
+        """Keeps blocks for a tenant (pinned, or until a time) within its quota, or drops keeps.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListKeeps(self, request, context):
+        """Every keep in force, unless the ledger is still at the caller's version.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheMetaServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -162,6 +186,16 @@ def add_CacheMetaServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=cachemeta__pb2.StatsRequest.FromString,
                     response_serializer=cachemeta__pb2.StatsReply.SerializeToString,
+            ),
+            'KeepBlocks': grpc.unary_unary_rpc_method_handler(
+                    servicer.KeepBlocks,
+                    request_deserializer=cachemeta__pb2.KeepBlocksRequest.FromString,
+                    response_serializer=cachemeta__pb2.KeepBlocksReply.SerializeToString,
+            ),
+            'ListKeeps': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListKeeps,
+                    request_deserializer=cachemeta__pb2.ListKeepsRequest.FromString,
+                    response_serializer=cachemeta__pb2.ListKeepsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -353,6 +387,60 @@ class CacheMeta:
             '/crescent.cachemeta.v1.CacheMeta/Stats',
             cachemeta__pb2.StatsRequest.SerializeToString,
             cachemeta__pb2.StatsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def KeepBlocks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crescent.cachemeta.v1.CacheMeta/KeepBlocks',
+            cachemeta__pb2.KeepBlocksRequest.SerializeToString,
+            cachemeta__pb2.KeepBlocksReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListKeeps(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/crescent.cachemeta.v1.CacheMeta/ListKeeps',
+            cachemeta__pb2.ListKeepsRequest.SerializeToString,
+            cachemeta__pb2.ListKeepsReply.FromString,
             options,
             channel_credentials,
             insecure,

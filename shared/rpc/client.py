@@ -14,6 +14,7 @@ calls, and matches at most the first ``MAX_BLOCKS_PER_CALL`` blocks of a chain.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
@@ -23,7 +24,15 @@ import grpc
 from shared.errors import CrescentError
 from shared.rpc import cachemeta_pb2 as pb
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
-from shared.rpc.types import BlockRecord, CatalogueStats, NodeInfo, PrefixHolder, TierCapacity
+from shared.rpc.types import (
+    BlockRecord,
+    CatalogueStats,
+    KeepGrant,
+    KeepListing,
+    NodeInfo,
+    PrefixHolder,
+    TierCapacity,
+)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Entries of one list in one call (blocks, hashes); more are refused with INVALID_ARGUMENT.
@@ -189,6 +198,36 @@ class CacheMetaClient:
             num_nodes=reply.num_nodes,
             replica_bytes=reply.replica_bytes,
         )
+
+    async def keep_blocks(
+        self,
+        quota_key: bytes,
+        block_hashes: Sequence[bytes],
+        *,
+        ttl_s: float = 0.0,
+        pin: bool = False,
+        max_blocks: int = 0,
+    ) -> KeepGrant:
+        """Keeps the blocks for the tenant of ``quota_key`` for ``ttl_s`` seconds (or until
+        dropped, with ``pin``) if its kept blocks stay within ``max_blocks``; with neither,
+        drops their keeps. Only the first ``MAX_BLOCKS_PER_CALL`` hashes are kept (a chain's
+        head is what a later prompt reuses)."""
+        request = pb.KeepBlocksRequest(
+            quota_key=quota_key,
+            block_hashes=block_hashes[:MAX_BLOCKS_PER_CALL],
+            ttl_s=ttl_s,
+            pin=pin,
+            max_blocks=max_blocks,
+        )
+        reply = await self._call("KeepBlocks", lambda s, t: s.KeepBlocks(request, **t))
+        return KeepGrant(reply.granted, reply.num_kept, list(reply.new_block_hashes))
+
+    async def list_keeps(self, version: int = 0) -> KeepListing:
+        """The keeps in force, unless the ledger is still at ``version``."""
+        request = pb.ListKeepsRequest(version=version)
+        reply = await self._call("ListKeeps", lambda s, t: s.ListKeeps(request, **t))
+        keeps = {k.block_hash: math.inf if k.pinned else k.until_unix for k in reply.keeps}
+        return KeepListing(reply.version, reply.changed, keeps)
 
     async def close(self) -> None:
         self._closed = True

@@ -52,3 +52,25 @@ class CatalogueStats:
     num_replicas: int
     num_nodes: int
     replica_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeepGrant:
+    """The catalogue's answer to a keep: ``granted`` False when the tenant's quota would be
+    exceeded (nothing changed); ``num_kept`` its kept blocks now; ``new_block_hashes`` the
+    blocks the call began to keep."""
+
+    granted: bool
+    num_kept: int
+    new_block_hashes: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class KeepListing:
+    """The keeps in force at ``version``: block hash -> the unix time its keep ends
+    (``math.inf``: pinned). ``changed`` False: the caller's version is current, and ``keeps``
+    is empty."""
+
+    version: int
+    changed: bool
+    keeps: dict[bytes, float] = field(default_factory=dict)

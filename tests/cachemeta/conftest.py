@@ -67,7 +67,8 @@ class Postgres:
             try:
                 await conn.execute(
                     "DO $$ BEGIN IF to_regclass('replicas') IS NOT NULL THEN "
-                    "TRUNCATE replicas, blocks, nodes; END IF; END $$"
+                    "TRUNCATE replicas, blocks, nodes; END IF; "
+                    "IF to_regclass('keeps') IS NOT NULL THEN TRUNCATE keeps; END IF; END $$"
                 )
             finally:
                 await conn.close()

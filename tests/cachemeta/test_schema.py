@@ -33,4 +33,4 @@ def test_migrations_match_the_models(bg_loop: BackgroundLoop, db_url: str) -> No
 
     differences, names = bg_loop.run(scenario())
     assert differences == []
-    assert names == {"alembic_version", "nodes", "blocks", "replicas"}
+    assert names == {"alembic_version", "nodes", "blocks", "replicas", "keeps"}

@@ -1,0 +1,45 @@
+"""Changes that run one at a time and to their end: what keeps cachemeta's memory equal to its
+database when a caller gives up half way."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class SerialChanges:
+    """Owns a lock and the changes in flight under it.
+
+    Invariant: changes run one at a time, each to its end even if its caller is cancelled
+    (a change writes the database and then memory: stopping between the two would leave
+    memory behind a committed change).
+    """
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def run(self, change: Callable[[], Awaitable[T]]) -> T:
+        """Runs ``change`` alone and to its end, even if the caller stops waiting."""
+
+        async def locked() -> T:
+            async with self._lock:
+                return await change()
+
+        task = asyncio.get_running_loop().create_task(locked())
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return await asyncio.shield(task)
+
+    async def drain(self) -> None:
+        """Waits for the changes already started (at shutdown)."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved here so an abandoned caller leaves no warning

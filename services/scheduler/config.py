@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.scheduler.cluster import CostParams
+from services.scheduler.keeping import KeepQuotas
 from services.scheduler.timing import DEFAULT_PRIOR, StepCoefficients, StepTimes
 from shared.nats_auth import NatsAuthSettings
 from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field
+from shared.tenants import parse_tenant_amounts
 
 
 class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
@@ -115,6 +117,25 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
     step_min_samples: int = Field(
         default=16, ge=1, description="below this, a node is predicted by its role's pooled fit"
     )
+    keep_quota_blocks: int = Field(
+        default=256,
+        ge=0,
+        le=(1 << 32) - 1,
+        description="KV blocks each tenant may keep at once (cache_control.keep); 0: none",
+    )
+    keep_quotas: str = Field(
+        default="",
+        description="per-tenant keep quotas overriding the default: name=blocks,name=blocks",
+    )
+    _keep_quotas: dict[str, int] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        self._keep_quotas = parse_tenant_amounts(self.keep_quotas, "CRESCENT_KEEP_QUOTAS", "blocks")
+        return self
+
+    def keep_quota(self) -> KeepQuotas:
+        return KeepQuotas(self.keep_quota_blocks, dict(self._keep_quotas))
 
     @property
     def ttft_slo_s(self) -> float | None:

@@ -9,7 +9,13 @@ import time
 
 from services.scheduler.admission import AdmissionGate
 from services.scheduler.cluster import TIERD, ClusterView
-from services.scheduler.lookup import PrefixLookup, hash_scope, prompt_block_hashes
+from services.scheduler.keeping import Keeper, KeepRefusal
+from services.scheduler.lookup import (
+    PrefixLookup,
+    hash_scope,
+    prompt_block_hashes,
+    prompt_full_block_hashes,
+)
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.policy import (
     Placement,
@@ -73,6 +79,7 @@ class SchedulerHandlers:
         round_robin: bool = False,
         prefetch: bool = True,
         local_prefill: bool = False,
+        keeper: Keeper | None = None,
     ) -> None:
         self.bus = bus
         self.view = view
@@ -87,6 +94,7 @@ class SchedulerHandlers:
         self.round_robin = round_robin
         self.prefetch = prefetch
         self.local_prefill = local_prefill
+        self.keeper = keeper
         self.recent = RecentPlacements()
         self._turn = 0
         self._warned_secret: set[str] = set()
@@ -138,12 +146,31 @@ class SchedulerHandlers:
         if request.resume:
             self.metrics.replaced("resume")
         try:
-            return await self._place(request)
+            return await self._keep_and_place(request)
         except Exception:
             log.exception("placing a request failed")
             return SubmitReply(accepted=False, error="the scheduler failed", error_code=503)
         finally:
             self.gate.leave(time.monotonic())
+
+    async def _keep_and_place(self, request: GenerateRequest) -> SubmitReply:
+        """Records the request's keep in the catalogue's ledger first (a keep over quota is
+        refused before any work), places the request, and undoes the keep if it was not."""
+        if request.resume:
+            # Its first attempt recorded the keep; its prompt now ends with generated tokens.
+            request.sampling.keep = ""
+        if not request.sampling.keep or self.keeper is None:
+            return await self._place(request)
+        kept = await self.keeper.record(request, self._full_block_hashes(request))
+        if isinstance(kept, KeepRefusal):
+            log.info("refused %s: %s", request.request_id, kept.message)
+            return SubmitReply(
+                accepted=False, error=kept.message, error_code=kept.status, error_kind=kept.kind
+            )
+        reply = await self._place(request)
+        if not reply.accepted:
+            await self.keeper.undo(kept)
+        return reply
 
     async def _place(self, request: GenerateRequest) -> SubmitReply:
         rid = request.request_id
@@ -158,6 +185,7 @@ class SchedulerHandlers:
         holders: list[PrefixHolder] = []
         if not self.round_robin:
             hashes = self._block_hashes(request)
+        if hashes and request.sampling.cache_read:  # without it: priced as a full recompute
             holders = await self.lookup.match(hashes, self._lookup_budget(ask, request.resume))
             holders = merge(holders, self.recent.holders(hashes, time.monotonic()))
         avoid: set[str] = set()
@@ -341,6 +369,14 @@ class SchedulerHandlers:
                 self.metrics.fell_back("no_hash_scope")
             return []
         return prompt_block_hashes(
+            request.prompt_token_ids, scope, self.cache_secret, request.tenant, request.cache_salt
+        )
+
+    def _full_block_hashes(self, request: GenerateRequest) -> list[BlockHash]:
+        scope = hash_scope(self.view.live("prefill", time.monotonic()))
+        if scope is None:
+            return []  # no prefill node: the placement is refused anyway
+        return prompt_full_block_hashes(
             request.prompt_token_ids, scope, self.cache_secret, request.tenant, request.cache_salt
         )
 

@@ -17,8 +17,14 @@ from typing import Protocol
 from services.scheduler.cluster import NodeLoad
 from services.scheduler.sources import PULLABLE_TIERS
 from shared.errors import CrescentError
-from shared.kv.hashing import BlockHash, hash_reusable_blocks, root_hash, scope_salt
-from shared.rpc.types import PrefixHolder
+from shared.kv.hashing import (
+    BlockHash,
+    hash_full_blocks,
+    hash_reusable_blocks,
+    root_hash,
+    scope_salt,
+)
+from shared.rpc.types import KeepGrant, PrefixHolder
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +65,14 @@ def prompt_block_hashes(
     return hash_reusable_blocks(prompt, scope.block_size, _root(scope, secret, tenant, cache_salt))
 
 
+def prompt_full_block_hashes(
+    prompt: Sequence[int], scope: HashScope, secret: str, tenant: str, cache_salt: str = ""
+) -> list[BlockHash]:
+    """The hashes of every full block of the prompt (what a keep applies to), the last token's
+    block included: a next turn that extends the prompt reuses it."""
+    return hash_full_blocks(prompt, scope.block_size, _root(scope, secret, tenant, cache_salt))
+
+
 class PrefixIndex(Protocol):
     """The part of ``shared.rpc.client.CacheMetaClient`` the scheduler uses."""
 
@@ -71,6 +85,16 @@ class PrefixIndex(Protocol):
     ) -> list[PrefixHolder]: ...
 
     async def touch_blocks(self, block_hashes: Sequence[bytes]) -> int: ...
+
+    async def keep_blocks(
+        self,
+        quota_key: bytes,
+        block_hashes: Sequence[bytes],
+        *,
+        ttl_s: float = 0.0,
+        pin: bool = False,
+        max_blocks: int = 0,
+    ) -> KeepGrant: ...
 
     async def close(self) -> None: ...
 

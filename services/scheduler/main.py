@@ -11,6 +11,7 @@ from services.scheduler.admission import AdmissionGate
 from services.scheduler.cluster import ClusterView
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
+from services.scheduler.keeping import Keeper
 from services.scheduler.lookup import PrefixIndex, PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
 from shared import subjects
@@ -80,6 +81,7 @@ class SchedulerService:
             round_robin=s.placement == "round_robin",
             prefetch=s.prefetch,
             local_prefill=s.local_prefill,
+            keeper=Keeper(self.index, s.keep_quota(), s.cache_secret),
         )
         metrics.watch_pending(lambda: handlers.gate.pending)
         if s.metrics_port is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal, Self
 from urllib.parse import urlsplit
@@ -23,6 +22,7 @@ from shared.secrets import (
     read_secret_file,
     refused,
 )
+from shared.tenants import parse_tenant_amounts
 
 MB = 1 << 20
 
@@ -108,7 +108,8 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
     def _check(self) -> Self:
         if self.nvme_low_watermark > self.nvme_high_watermark:
             raise refused("CRESCENT_NVME_LOW_WATERMARK must not exceed the high watermark")
-        self._quotas = _parse_quotas(self.tenant_quotas_mb)
+        amounts = parse_tenant_amounts(self.tenant_quotas_mb, "CRESCENT_TENANT_QUOTAS_MB", "MB")
+        self._quotas = {name: mb * MB for name, mb in amounts.items()}
         self._s3 = self._build_s3_config()
         return self
 
@@ -164,23 +165,6 @@ def _check_s3_location(endpoint: str, bucket: str, region: str) -> None:
         validate_region_name(region)
     except BotoCoreError:
         raise refused(f"CRESCENT_S3_REGION {region!r} is no region name") from None
-
-
-def _parse_quotas(raw: str) -> dict[str, int]:
-    """``name=MB,name=MB`` as tenant -> bytes; a tenant is one word, named once (a tenant whose
-    name holds ``=`` or ``,`` cannot be given a quota of its own)."""
-    quotas: dict[str, int] = {}
-    for item in filter(None, (p.strip() for p in raw.split(","))):
-        name, sep, size = item.partition("=")
-        name, size = name.strip(), size.strip()
-        if not sep or not name or not re.fullmatch(r"[0-9]+", size):
-            raise refused(f"CRESCENT_TENANT_QUOTAS_MB: {item!r} is not name=MB")
-        if any(c.isspace() for c in name):
-            raise refused(f"CRESCENT_TENANT_QUOTAS_MB: tenant {name!r} is not one word")
-        if name in quotas:
-            raise refused(f"CRESCENT_TENANT_QUOTAS_MB: tenant {name!r} is listed twice")
-        quotas[name] = int(size) * MB
-    return quotas
 
 
 def _secret(value: SecretStr | None, path: Path | None, name: str) -> str:

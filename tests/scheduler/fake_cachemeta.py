@@ -1,11 +1,11 @@
-"""A stand-in for ``CacheMetaClient``: the scheduler's two calls, with scripted answers."""
+"""A stand-in for ``CacheMetaClient``: the scheduler's calls, with scripted answers."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
 
-from shared.rpc.types import PrefixHolder
+from shared.rpc.types import KeepGrant, PrefixHolder
 
 
 class FakeCacheMeta:
@@ -31,6 +31,11 @@ class FakeCacheMeta:
         self.tiers: list[tuple[str, ...]] = []
         self.touches: list[list[bytes]] = []
         self.closed = False
+        # Keeps: each call's arguments, the grant to answer (None: every keep is granted, all
+        # of its blocks new) and the error to raise instead.
+        self.keeps: list[tuple[bytes, list[bytes], float, bool, int]] = []
+        self.keep_grant: KeepGrant | None = None
+        self.keep_error: Exception | None = None
 
     async def match_prefix(
         self,
@@ -53,6 +58,22 @@ class FakeCacheMeta:
         if self.touch_error is not None:
             raise self.touch_error
         return len(block_hashes)
+
+    async def keep_blocks(
+        self,
+        quota_key: bytes,
+        block_hashes: Sequence[bytes],
+        *,
+        ttl_s: float = 0.0,
+        pin: bool = False,
+        max_blocks: int = 0,
+    ) -> KeepGrant:
+        self.keeps.append((quota_key, list(block_hashes), ttl_s, pin, max_blocks))
+        if self.keep_error is not None:
+            raise self.keep_error
+        if self.keep_grant is not None:
+            return self.keep_grant
+        return KeepGrant(True, len(block_hashes), list(block_hashes))
 
     async def close(self) -> None:
         self.closed = True

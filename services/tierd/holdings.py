@@ -5,7 +5,7 @@ drive it too.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from services.tierd.policy import BlockInfo, EvictionPolicy, admits, chain_depths
@@ -39,7 +39,9 @@ class Holdings:
     that no held block loses a block of its prefix (a read stops at the first gap). The use of
     the last ``HISTORY_PER_BLOCK`` dropped blocks per block held (``MIN_HISTORY`` at least) is
     remembered, so a block that comes back starts from its old count plus one, as in the
-    simulator's pool.
+    simulator's pool. A block the keep ledger keeps (``kept``: hash -> unix time its keep
+    ends), and every block that leads to it, is no victim and does not expire while its keep
+    is in force.
     """
 
     def __init__(self, policy: EvictionPolicy) -> None:
@@ -49,6 +51,7 @@ class Holdings:
         self.blocks: dict[bytes, Held] = {}
         self.quota_used: dict[bytes, int] = {}
         self.history = AccessHistory(MIN_HISTORY)
+        self.kept: dict[bytes, float] = {}
 
     def __contains__(self, block_hash: object) -> bool:
         return block_hash in self.blocks
@@ -117,7 +120,7 @@ class Holdings:
         there is no victim while a block it leads to is held in a faster tier: dropping it would
         cut that block off from its prefix. (NVMe's victims move down to S3 and stay held, so
         what S3 holds of a chain protects nothing on NVMe.)"""
-        infos = self._infos(tier)
+        infos = self._infos(tier, now)
         return self.policy.victims(infos, need_bytes, now, quota_key=quota_key)
 
     def admits(self, header: BlockHeader, victims: list[bytes], now: float) -> bool:
@@ -138,7 +141,7 @@ class Holdings:
             access_count=self._count_on_return(self.history.peek(header.block_hash)),
             quota_key=header.quota_key,
         )
-        infos = self._infos(None)
+        infos = self._infos(None, now)
         displaced = [infos[h] for h in victims if h in infos]
         return admits(self.policy, candidate, displaced, now)  # type: ignore[arg-type]
 
@@ -156,12 +159,31 @@ class Holdings:
         deepest first (a chain's tail goes before its head, so no gap opens in what stays)."""
         depths = self._depths()
         children = self._children()
+        kept = self.protected(now)
         gone: set[bytes] = set()
         for block_hash in sorted(self.blocks, key=lambda h: -depths.get(h, 0)):
             held = self.blocks[block_hash]
+            if block_hash in kept:
+                continue
             if now - held.last_access > ttl_s and children.get(block_hash, set()) <= gone:
                 gone.add(block_hash)
         return sorted(gone, key=lambda h: (-depths.get(h, 0), h))
+
+    def set_kept(self, keeps: Mapping[bytes, float]) -> None:
+        """The keeps in force, as the ledger lists them (hash -> unix time each ends)."""
+        self.kept = dict(keeps)
+
+    def protected(self, now: float) -> set[bytes]:
+        """The blocks held that a keep in force spares: kept ones, and every block that
+        leads to one (a kept block is only reusable with its whole prefix)."""
+        spared: set[bytes] = set()
+        for block_hash, until in self.kept.items():
+            if until <= now:
+                continue
+            while block_hash in self.blocks and block_hash not in spared:
+                spared.add(block_hash)
+                block_hash = self.blocks[block_hash].header.parent_hash
+        return spared
 
     def _depths(self) -> dict[bytes, int]:
         return chain_depths({h: held.header.parent_hash for h, held in self.blocks.items()})
@@ -189,11 +211,12 @@ class Holdings:
                 pinned.add(block_hash)
         return pinned
 
-    def _infos(self, tier: str | None) -> dict[bytes, BlockInfo]:
+    def _infos(self, tier: str | None, now: float) -> dict[bytes, BlockInfo]:
         # Depths over every block held, so a chain whose head moved to another tier still
         # prices its tail as deep.
         depths = self._depths()
         pinned = self._pinned(tier, depths) if tier is not None else set()
+        pinned |= self.protected(now)
         chosen = {
             h: held
             for h, held in self.blocks.items()

@@ -37,6 +37,7 @@ from shared.cluster_messages import (
 from shared.heartbeat import heartbeat_loop
 from shared.kv.block_file import BlockHeader
 from shared.kv.hashing import quota_key, scope_salt
+from shared.kv.keep_watch import KeepWatch
 from shared.ops_http import OpsServer
 from shared.rpc.client import CacheMetaClient
 from shared.rpc.types import TierCapacity
@@ -70,6 +71,7 @@ class TierdService:
         )  # fmt: skip
         self.tiering = Tiering(self.nvme, self.s3, self.holdings, self.catalogue, _limits(s))
         self.reader = TierReader(self.tiering)
+        self.keeps = KeepWatch(self.client, self._follow_keeps)
         self.staging = Staging(s.staging_mb * MB, s.lease_ttl_s)
         self.server: TransferServer = create_server(
             s.transfer, self.staging.provide, s.transfer_host
@@ -97,6 +99,7 @@ class TierdService:
         for role in ("prefill", "decode"):
             await bus.watch(subjects.heartbeats(role, "*"), NodeStatus, self.sinker.on_heartbeat)
         self._spawn(self.catalogue.run())
+        self._spawn(self.keeps.run())
         self._spawn(self.sinker.run())
         self._spawn(handlers.upkeep())
         self._spawn(
@@ -114,6 +117,10 @@ class TierdService:
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self.tasks.append(asyncio.create_task(work))
+
+    async def _follow_keeps(self, keeps: dict[bytes, float], asked_at: float) -> None:
+        """The ledger moved: the blocks it keeps are spared from now on, the others not."""
+        self.holdings.set_kept(keeps)
 
     def _contents(self, tier: str) -> list[BlockHeader]:
         return self.tiering.contents(tier)

@@ -46,6 +46,7 @@ from shared.node.catalogue import CatalogueSync
 from shared.node.chunks import error_chunk
 from shared.node.direct import DirectReader
 from shared.node.engine_host import EngineHost, engine_thread
+from shared.node.keeps import NodeKeeps
 from shared.node.ledger import Ledger
 from shared.node.metrics import NodeMetrics
 from shared.node.pins import BlockServer
@@ -175,8 +176,9 @@ class NodeRuntime:
         # Imported here: a node without cachemeta never loads grpc.
         from shared.rpc.client import CacheMetaClient
 
+        client = CacheMetaClient(s.cachemeta_url, token=s.cachemeta_token_value())
         self.catalogue = CatalogueSync(
-            CacheMetaClient(s.cachemeta_url, token=s.cachemeta_token_value()),
+            client,
             self.host,
             self.node_id,
             self.role_name,
@@ -185,6 +187,7 @@ class NodeRuntime:
             heartbeat_interval_s=s.heartbeat_interval_s,
         )
         self.spawn(self.catalogue.run())
+        self.spawn(NodeKeeps(self.engine, client).run())  # keeps dropped or extended elsewhere
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         self.tasks.append(asyncio.create_task(work))

@@ -1,0 +1,48 @@
+"""A node's pool following the catalogue's keep ledger: a keep that was dropped (by a request
+that ran on another node, or undone) ends here too, and one extended elsewhere lasts longer.
+
+The engine itself keeps a request's prompt blocks when its prefill completes and ends keeps on
+their time (``shared.kv.keeps.PoolKeeps``); this only brings the pool in line with the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from shared.engine.engine import LLMEngine
+from shared.kv.keep_watch import KEEP_SYNC_S, KeepLedgerReader, KeepWatch
+
+log = logging.getLogger(__name__)
+
+
+class NodeKeeps:
+    """Owns the node's watch of the ledger.
+
+    The pool is changed as the engine's bookkeeping is: under the engine's lock, on a thread
+    of its own (never the event loop's, which a step's planning could hold up), touching only
+    kept blocks, which no running sequence writes.
+    """
+
+    def __init__(
+        self, engine: LLMEngine, reader: KeepLedgerReader, interval_s: float = KEEP_SYNC_S
+    ) -> None:
+        self.engine = engine
+        self.watch = KeepWatch(reader, self._follow, interval_s)
+        self.keeps_ended = 0
+
+    async def run(self) -> None:
+        await self.watch.run()
+
+    async def _follow(self, ledger: dict[bytes, float], asked_at: float) -> None:
+        engine = self.engine
+
+        def follow() -> int:
+            with engine.lock:
+                return engine.keeps.follow(ledger, asked_at, time.time())
+
+        ended = await asyncio.to_thread(follow)
+        if ended:
+            log.info("%d kept blocks let go: their keeps ended", ended)
+        self.keeps_ended += ended

@@ -208,17 +208,20 @@ def _wait_port(child: Child, port: int, timeout_s: float) -> bool:
     return False
 
 
-def _start_cachemeta(data_dir: Path, env: dict[str, str], metrics: int) -> tuple[Child, str]:
-    """cachemeta on a free port, its ops endpoints on ``metrics``; its catalogue in SQLite
-    under the data dir unless ``CRESCENT_DB_URL`` names another database."""
+def _start_cachemeta(
+    data_dir: Path, env: dict[str, str], metrics: int | None = None
+) -> tuple[Child, str]:
+    """cachemeta on a free port, its ops endpoints on ``metrics`` (None: none); its catalogue
+    in SQLite under the data dir unless ``CRESCENT_DB_URL`` names another database."""
     port = _free_port()
     db_url = env.get("CRESCENT_DB_URL") or f"sqlite+aiosqlite:///{data_dir / 'cachemeta.db'}"
     child_env = env | {
         "CRESCENT_CACHEMETA_HOST": "127.0.0.1",
         "CRESCENT_CACHEMETA_PORT": str(port),
         "CRESCENT_DB_URL": db_url,
-        "CRESCENT_METRICS_PORT": str(metrics),
     }
+    if metrics is not None:
+        child_env["CRESCENT_METRICS_PORT"] = str(metrics)
     argv = [sys.executable, "-m", "services.cachemeta"]
     child = spawn("cachemeta", argv, child_env, data_dir / "logs")
     if not _wait_port(child, port, 60):

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import uvicorn
 import uvloop
 from fastapi import FastAPI
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from services.gateway.api import Gateway, build_app
 from services.gateway.auth import ApiKeys
@@ -24,7 +25,7 @@ from services.gateway.recovery import RecoveryPolicy
 from services.gateway.requests import RequestBuilder
 from services.gateway.service import Limits
 from services.gateway.status import StatusBoard
-from services.gateway.status_routes import StatusFeed, add_status_routes
+from services.gateway.status_routes import StatusFeed
 from services.gateway.traced import TraceRequests
 from shared import subjects
 from shared.bus import Bus, NatsBus
@@ -88,9 +89,9 @@ class GatewayService:
         log.info("serving %s (context %d tokens)", builder.model_name, builder.max_model_len)
         app = build_app(gateway)
         # The status page: every service's heartbeat, and what this gateway served.
-        board = StatusBoard(s.heartbeat_timeout_s)
-        await bus.watch(subjects.HEARTBEATS_ALL, NodeStatus, StatusFeed(board).on_heartbeat)
-        add_status_routes(app, board, gateway.metrics, self._describe)
+        feed = StatusFeed(StatusBoard(s.heartbeat_timeout_s), gateway.metrics, self._describe)
+        await bus.watch(subjects.HEARTBEATS_ALL, NodeStatus, feed.on_heartbeat)
+        _add_status_routes(app, feed)
         app.add_middleware(TraceRequests)
         return app
 
@@ -113,6 +114,18 @@ class GatewayService:
             await self.dispatcher.drain()
         if self.bus is not None:
             await self.bus.close()
+
+
+def _add_status_routes(app: FastAPI, feed: StatusFeed) -> None:
+    """``GET /status`` and ``GET /dashboard`` (``services/gateway/status_routes.py``)."""
+
+    @app.get("/status", include_in_schema=False)
+    async def status() -> JSONResponse:
+        return JSONResponse(feed.document(), headers={"Cache-Control": "no-store"})
+
+    @app.get("/dashboard", include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(feed.page)
 
 
 async def connect_bus(url: str, name: str, timeout_s: float, auth: dict[str, str]) -> Bus:

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from shared import tracing
 from shared.bus import BusRequestError, Handler, NoResponders
 from shared.messages import WireMessage, decode, encode
 
@@ -124,6 +125,7 @@ class MemoryBus:
 
     async def publish(self, subject: str, message: WireMessage) -> None:
         self._check_connected()
+        tracing.stamp(message)
         self.published.append((subject, message))
         self.broker.send(subject, encode(message), None)
 
@@ -133,7 +135,8 @@ class MemoryBus:
         async def deliver(subj: str, data: bytes, reply: asyncio.Future[bytes] | None) -> None:
             message = self._decode(subj, data, kind)
             if message is not None:
-                await handler(message)
+                with tracing.delivery(message, subj):
+                    await handler(message)
 
         return self._add(subject, queue, deliver)
 
@@ -143,7 +146,8 @@ class MemoryBus:
         async def deliver(subj: str, data: bytes, reply: asyncio.Future[bytes] | None) -> None:
             message = self._decode(subj, data, kind)
             if message is not None:
-                await handler(subj, message)
+                with tracing.delivery(message, subj):
+                    await handler(subj, message)
 
         return self._add(subject, "", deliver)
 
@@ -163,6 +167,7 @@ class MemoryBus:
         self, subject: str, message: WireMessage, reply_kind: type[R], timeout_s: float
     ) -> R:
         self._check_connected()
+        tracing.stamp(message)
         self.published.append((subject, message))
         reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         if self.broker.send(subject, encode(message), reply) == 0:
@@ -186,7 +191,8 @@ class MemoryBus:
             message = self._decode(subj, data, kind)
             if message is None:
                 return
-            answer = await handler(message)
+            with tracing.delivery(message, subj):
+                answer = await handler(message)
             if answer is not None and reply is not None and not reply.done():
                 reply.set_result(encode(answer))
 

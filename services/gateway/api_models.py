@@ -30,6 +30,17 @@ class PromptTokensDetails(BaseModel):
         description="Crescent: ``cached_tokens`` split by where the blocks were found "
         "(``dram``, ``nvme``, ``s3``); the values add up to ``cached_tokens``."
     )
+    cache_written_tokens: int = Field(
+        description="Crescent: prompt tokens whose KV this request newly cached (full blocks; "
+        "0 with cache_control write false, or when every block was cached already)."
+    )
+
+
+class CompletionTokensDetails(BaseModel):
+    cache_written_tokens: int = Field(
+        description="Crescent: completion tokens whose KV this request newly cached (full "
+        "blocks), for a next turn to reuse."
+    )
 
 
 class Usage(BaseModel):
@@ -37,6 +48,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
+    completion_tokens_details: CompletionTokensDetails
 
 
 class TopLogprob(BaseModel):

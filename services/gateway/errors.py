@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from shared.errors import InvalidRequestError
+from shared.messages import QUOTA
 
 INVALID_REQUEST = "invalid_request_error"
 
@@ -109,9 +110,27 @@ def rate_limited(message: str, retry_after_s: float | None) -> ApiError:
     )
 
 
-def from_backend(code: int | None, message: str | None, retry_after_s: float | None) -> ApiError:
-    """Translates the error of a TokenChunk, raised by the scheduler or an engine."""
+def insufficient_quota(message: str, param: str) -> ApiError:
+    """OpenAI's own answer to a quota exhausted; ``x-should-retry: false`` tells the openai
+    client not to retry it at once (a quota frees only as what holds it ends)."""
+    return ApiError(
+        429,
+        message,
+        type_=QUOTA,
+        param=param,
+        code=QUOTA,
+        headers={"x-should-retry": "false"},
+    )
+
+
+def from_backend(
+    code: int | None, message: str | None, retry_after_s: float | None, kind: str = ""
+) -> ApiError:
+    """Translates the error of a TokenChunk or a refusal, raised by the scheduler or an
+    engine; ``kind`` (``SubmitReply.error_kind``) says more than the status where it can."""
     text = message or "The backend could not serve the request."
+    if code == 429 and kind == QUOTA:
+        return insufficient_quota(text, "cache_control.keep")
     if code == 429:
         return rate_limited(text, retry_after_s)
     if code == 503:

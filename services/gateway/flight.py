@@ -124,7 +124,9 @@ class Flight:
                 continue
             if not reply.accepted:
                 stream.refused = True  # nothing runs under this id: nothing to abort
-                raise errors.from_backend(reply.error_code, reply.error, reply.retry_after_s)
+                raise errors.from_backend(
+                    reply.error_code, reply.error, reply.retry_after_s, reply.error_kind
+                )
             return reply
         raise errors.unavailable("No scheduler answered the request in time.")
 

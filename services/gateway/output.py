@@ -65,6 +65,9 @@ class ChoiceAssembler:
         self.num_prompt_tokens = len(prompt_ids)
         self.num_cached_tokens = 0
         self.cached_by_tier: dict[str, int] = {}
+        # Per producing node, the (prompt, output) tokens it newly cached: each node's chunks
+        # carry its running count, so the largest one is its total.
+        self._written: dict[str, tuple[int, int]] = {}
 
     @property
     def finished(self) -> bool:
@@ -73,6 +76,12 @@ class ChoiceAssembler:
     @property
     def completion_tokens(self) -> int:
         return self.next_index
+
+    @property
+    def tokens_written(self) -> tuple[int, int]:
+        """Prompt and output tokens the nodes that computed this choice newly cached."""
+        counts = self._written.values()
+        return sum(p for p, _ in counts), sum(o for _, o in counts)
 
     @property
     def has_gap(self) -> bool:
@@ -91,6 +100,12 @@ class ChoiceAssembler:
         ):
             self.cached_by_tier = dict(chunk.cached_by_tier)
         self.num_cached_tokens = max(self.num_cached_tokens, chunk.num_cached_tokens)
+        if chunk.prompt_tokens_written or chunk.output_tokens_written:
+            seen = self._written.get(chunk.node_id, (0, 0))
+            self._written[chunk.node_id] = (
+                max(seen[0], chunk.prompt_tokens_written),
+                max(seen[1], chunk.output_tokens_written),
+            )
         self._buffer(chunk)
         while not self.finished and self.next_index in self._pending:
             token_id, logprob = self._pending.pop(self.next_index)

@@ -219,6 +219,9 @@ def _usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
         "input_tokens": chat_usage["prompt_tokens"],
         "input_tokens_details": chat_usage["prompt_tokens_details"],
         "output_tokens": chat_usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {
+            "reasoning_tokens": 0,
+            **chat_usage["completion_tokens_details"],
+        },
         "total_tokens": chat_usage["total_tokens"],
     }

@@ -34,7 +34,9 @@ def usage(request: PreparedRequest, choices: Sequence[ChoiceAssembler]) -> dict[
 
     ``cached_tokens_by_tier`` (a Crescent extension beside OpenAI's ``cached_tokens``) says
     where the cached tokens were found: a pool, NVMe or S3; its values add up to
-    ``cached_tokens``.
+    ``cached_tokens``. ``cache_written_tokens`` (Crescent's too, in both details) counts the
+    prompt and completion tokens the request newly cached, full blocks only, over all its
+    choices (a prompt two choices computed on two nodes is written twice).
     """
     prompt_tokens = sum(len(p) for p in request.prompts)
     cached = 0
@@ -47,11 +49,17 @@ def usage(request: PreparedRequest, choices: Sequence[ChoiceAssembler]) -> dict[
             cached += tokens
             _split(tokens, choice.cached_by_tier, by_tier)
     completion_tokens = sum(c.completion_tokens for c in choices)
+    written = [c.tokens_written for c in choices]
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached, "cached_tokens_by_tier": by_tier},
+        "prompt_tokens_details": {
+            "cached_tokens": cached,
+            "cached_tokens_by_tier": by_tier,
+            "cache_written_tokens": sum(p for p, _ in written),
+        },
+        "completion_tokens_details": {"cache_written_tokens": sum(o for _, o in written)},
     }
 
 

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 from services.gateway import errors
-from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
+from services.gateway.schemas import (
+    CacheControl,
+    ChatCompletionRequest,
+    CompletionRequest,
+    KeepFor,
+)
 from shared.errors import InvalidRequestError
 from shared.messages import SamplingSpec
 from shared.sampling_params import SamplingParams
@@ -25,8 +30,7 @@ def sampling_spec(
     if seed is not None:
         seed = (seed + sibling) % 2**63
     cache = body.cache_control
-    if cache is not None and cache.keep is not None:
-        raise errors.unsupported("cache_control.keep", "(keeping a prefix) is not supported yet")
+    keep, keep_ttl_s = keep_of(cache)
     min_tokens = body.min_tokens or 0
     if min_tokens > max_tokens:
         raise errors.invalid(
@@ -50,6 +54,8 @@ def sampling_spec(
             grammar=grammar,
             cache_read=not cache or cache.read is not False,
             cache_write=not cache or cache.write is not False,
+            keep=keep,
+            keep_ttl_s=keep_ttl_s,
         )
     except InvalidRequestError as exc:
         raise errors.from_invalid(exc) from exc
@@ -60,6 +66,18 @@ def sampling_spec(
             "stop_token_ids",
         )
     return SamplingSpec.from_params(params)
+
+
+def keep_of(cache: CacheControl | None) -> tuple[str, float]:
+    """``cache_control.keep`` as ``SamplingParams.keep`` and ``keep_ttl_s``: "pin", a time,
+    or a drop (a time of 0)."""
+    keep = cache.keep if cache is not None else None
+    if keep is None:
+        return "", 0.0
+    if keep == "pin":
+        return "pin", 0.0
+    assert isinstance(keep, KeepFor)
+    return ("ttl", keep.ttl_s) if keep.ttl_s > 0 else ("drop", 0.0)
 
 
 def logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:

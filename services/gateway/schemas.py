@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shared.sampling_params import MAX_KEEP_TTL_S
+
 
 class Strict(BaseModel):
     # Validation errors never carry the values that failed: they may be a client's prompt,
@@ -112,6 +114,17 @@ class ToolCallIn(Strict):
     function: CalledFunction
 
 
+class KeepFor(Strict):
+    """``cache_control.keep`` with a time: how long the prompt's blocks are kept."""
+
+    ttl_s: float = Field(
+        ge=0,
+        le=MAX_KEEP_TTL_S,
+        description="seconds from now the prompt's full blocks are kept; 0 drops their keep "
+        "(a pin too)",
+    )
+
+
 class CacheControl(Strict):
     """Crescent's ``cache_control``: how a request uses the KV cache."""
 
@@ -121,8 +134,11 @@ class CacheControl(Strict):
     write: bool | None = Field(
         default=None, description="false: the blocks this request computes are not cached"
     )
-    # Keeping a prefix (pinned, or for a TTL) is not implemented yet.
-    keep: Any = refused()
+    keep: Literal["pin"] | KeepFor | None = Field(
+        default=None,
+        description="keep the prompt's full blocks cached, within the tenant's quota: \"pin\" "
+        'until dropped, {"ttl_s": N} for N seconds, {"ttl_s": 0} to drop a keep',
+    )
 
 
 class StreamOptions(Strict):

@@ -16,6 +16,7 @@ from shared import subjects
 from shared.cluster_messages import NodeStatus
 from shared.memory_bus import MemoryBus
 from shared.messages import (
+    QUOTA,
     AbortRequest,
     GatewayCheck,
     GatewayCheckReply,
@@ -39,8 +40,10 @@ def request(request_id: str) -> GenerateRequest:
 class Scheduler:
     """Answers submissions: accepts, refuses, or keeps silent for the first ``silent``."""
 
-    def __init__(self, bus: MemoryBus, silent: int = 0, refuse: int | None = None) -> None:
-        self.bus, self.silent, self.refuse = bus, silent, refuse
+    def __init__(
+        self, bus: MemoryBus, silent: int = 0, refuse: int | None = None, kind: str = ""
+    ) -> None:
+        self.bus, self.silent, self.refuse, self.kind = bus, silent, refuse, kind
         self.seen: list[str] = []
 
     async def start(self) -> None:
@@ -52,7 +55,7 @@ class Scheduler:
             return None
         if self.refuse is not None:
             return SubmitReply(accepted=False, error="busy", error_code=self.refuse,
-                               retry_after_s=2.0)  # fmt: skip
+                               retry_after_s=2.0, error_kind=self.kind)  # fmt: skip
         return SubmitReply(accepted=True, prefill_node="p0", prefill_epoch="e0")
 
 
@@ -132,6 +135,22 @@ def test_a_refusal_carries_its_status_and_retry_after() -> None:
         assert info.value.status == 429 and info.value.headers["Retry-After"] == "2"
         flight.close()
         assert aborted(bus) == []  # nothing runs anywhere
+
+    run(scenario)
+
+
+def test_a_keep_over_quota_is_openais_insufficient_quota_not_to_be_retried() -> None:
+    async def scenario() -> None:
+        bus = MemoryBus()
+        await Scheduler(bus.client(), refuse=429, kind=QUOTA).start()
+        flight = Flight.of(Dispatcher(bus, "gw"), [request("q-0")])
+        with pytest.raises(ApiError) as info:
+            await flight.start()
+        error = info.value
+        assert (error.status, error.type, error.code) == (429, QUOTA, QUOTA)
+        assert error.param == "cache_control.keep"
+        assert error.headers == {"x-should-retry": "false"}
+        flight.close()
 
     run(scenario)
 

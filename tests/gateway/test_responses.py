@@ -80,13 +80,43 @@ def test_chat_response_shape_and_usage_counts_the_prompt_once(
         "prompt_tokens_details": {
             "cached_tokens": 16,
             "cached_tokens_by_tier": {"dram": 4, "nvme": 10, "s3": 2},
+            "cache_written_tokens": 0,
         },
+        "completion_tokens_details": {"cache_written_tokens": 0},
     }
     content = body["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in content] == ["Hi", " there"]
     assert content[1]["logprob"] == -1.0 and content[1]["bytes"] == list(b" there")
     assert content[1]["top_logprobs"][1]["logprob"] == LOGPROB_FLOOR
     assert set(content[0]["top_logprobs"][0]) == {"token", "logprob", "bytes"}
+
+
+def test_written_tokens_add_up_over_nodes_and_choices(
+    builder: RequestBuilder, tokenizer: Tokenizer
+) -> None:
+    """Each node's chunks carry its running count: its largest is its total, and the totals
+    of the prefill and the decode node (and of every choice) add up."""
+    prepared = chat(builder, n=2)
+    choices = []
+    for spec in prepared.choices:
+        choice = ChoiceAssembler(
+            tokenizer, prepared.prompts[0], spec.request.sampling.max_tokens, prepared.options
+        )
+        rid = spec.request.request_id
+        first = TokenChunk(request_id=rid, index=0, token_ids=[5], prompt_tokens_written=64)
+        first.node_id = "prefill-0"
+        choice.add(first)
+        for index, written in ((1, 16), (2, 32)):
+            chunk = TokenChunk(
+                request_id=rid, index=index, token_ids=[6], output_tokens_written=written
+            )
+            chunk.node_id = "decode-0"
+            chunk.finish_reason = "length" if index == 2 else None
+            choice.add(chunk)
+        choices.append(choice)
+    usage = Shapes(prepared, tokenizer).response(choices)["usage"]
+    assert usage["prompt_tokens_details"]["cache_written_tokens"] == 2 * 64
+    assert usage["completion_tokens_details"] == {"cache_written_tokens": 2 * 32}
 
 
 def test_completion_logprobs_shape(builder: RequestBuilder, tokenizer: Tokenizer) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from services.gateway.requests import RequestBuilder
 from shared.model.grammar import (
@@ -93,5 +94,17 @@ def test_cache_control_reaches_the_sampling(builder: RequestBuilder) -> None:
     assert (spec.cache_read, spec.cache_write) == (True, False)
     spec = chat(builder).choices[0].request.sampling
     assert (spec.cache_read, spec.cache_write) == (True, True)
-    error = rejected(chat, builder, cache_control={"keep": "pin"})
+    keeps = [
+        ({"keep": "pin"}, ("pin", 0.0)),
+        ({"keep": {"ttl_s": 600}}, ("ttl", 600.0)),
+        ({"keep": {"ttl_s": 0}}, ("drop", 0.0)),
+    ]
+    for cache_control, keep in keeps:
+        spec = chat(builder, cache_control=cache_control).choices[0].request.sampling
+        assert (spec.keep, spec.keep_ttl_s) == keep
+    for bad in ({"keep": "forever"}, {"keep": {"ttl_s": -1}}, {"keep": {"ttl_s": 1e9}}):
+        with pytest.raises(ValidationError, match=r"cache_control\.keep"):  # the schema's 400
+            chat(builder, cache_control=bad)
+    error = rejected(chat, builder, cache_control={"keep": "pin", "write": False})
     assert (error.status, error.param) == (400, "cache_control.keep")
+    assert "write false" in error.message

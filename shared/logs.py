@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
@@ -19,6 +20,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The request a task is working for; None outside of one.
 REQUEST_ID: ContextVar[str | None] = ContextVar("crescent_request_id", default=None)
+
+
+@dataclass(slots=True)
+class RequestTag:
+    """A request whose id is learnt after its handling began (an HTTP request's, once its
+    body is parsed and it is submitted): the tasks it starts share this one object, so the
+    id named in any of them shows in the lines of all."""
+
+    request_id: str | None = None
+
+
+REQUEST_TAG: ContextVar[RequestTag | None] = ContextVar("crescent_request_tag", default=None)
 
 #: Libraries whose debug output would bury Crescent's own (botocore logs every S3 request's
 #: headers, aiosqlite every statement): they stay at INFO when Crescent debugs.
@@ -41,6 +54,33 @@ class LogSettings(BaseSettings):
 def bind_request(request_id: str | None) -> None:
     """Makes ``request_id`` the request of what this task (and the tasks it starts) logs."""
     REQUEST_ID.set(request_id)
+
+
+def current_request_id() -> str | None:
+    """The request this task works for: the one bound or in scope, else its tag's."""
+    bound = REQUEST_ID.get()
+    if bound is not None:
+        return bound
+    tag = REQUEST_TAG.get()
+    return tag.request_id if tag is not None else None
+
+
+@contextmanager
+def tagged() -> Iterator[RequestTag]:
+    """A tag for the request handled inside, named later by ``name_request``."""
+    tag = RequestTag()
+    token = REQUEST_TAG.set(tag)
+    try:
+        yield tag
+    finally:
+        REQUEST_TAG.reset(token)
+
+
+def name_request(request_id: str) -> None:
+    """Names the tagged request this task works for, if it has no name yet."""
+    tag = REQUEST_TAG.get()
+    if tag is not None and tag.request_id is None:
+        tag.request_id = request_id
 
 
 @contextmanager
@@ -73,7 +113,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        request_id = getattr(record, "request_id", None) or REQUEST_ID.get()
+        request_id = getattr(record, "request_id", None) or current_request_id()
         if request_id:
             entry["request_id"] = request_id
         ids = self.trace_ids() if self.trace_ids is not None else None

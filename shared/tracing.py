@@ -144,12 +144,14 @@ def request_of(message: object) -> Any:
 
 
 def stamp(message: object) -> None:
-    """Writes the sending span's context on a message that carries a request: the current
-    span, else the one remembered for the request."""
-    if _state.tracer is None:
-        return
+    """Names the sending task's tagged request for the log lines (``logs.name_request``), and
+    writes the sending span's context on a message that carries a request: the current span,
+    else the one remembered for the request."""
     request = request_of(message)
     if request is None:
+        return
+    logs.name_request(request.request_id)
+    if _state.tracer is None:
         return
     parent = current() or parent_of(request.request_id)
     if parent:

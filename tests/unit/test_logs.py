@@ -6,7 +6,14 @@ import asyncio
 import json
 import logging
 
-from shared.logs import JsonFormatter, LogSettings, bind_request, request_scope
+from shared.logs import (
+    JsonFormatter,
+    LogSettings,
+    bind_request,
+    name_request,
+    request_scope,
+    tagged,
+)
 
 
 def record(message: str, exc: BaseException | None = None) -> logging.LogRecord:
@@ -50,3 +57,22 @@ def test_a_bound_request_reaches_the_tasks_it_starts_and_no_other() -> None:
 def test_the_format_is_a_setting() -> None:
     assert LogSettings().log_format == "text"
     assert LogSettings(log_format="json").log_format == "json"
+
+
+def test_a_tagged_request_named_in_a_task_it_started_shows_in_all_its_lines() -> None:
+    formatter = JsonFormatter("gateway")
+
+    async def route() -> list[str | None]:
+        with tagged():
+            before = json.loads(formatter.format(record("parsing"))).get("request_id")
+
+            async def submit() -> None:
+                name_request("chatcmpl-9-0")  # as the bus does when it sends the request
+                name_request("chatcmpl-9-1")  # the first name stays
+
+            await asyncio.create_task(submit())
+            after = json.loads(formatter.format(record("streaming"))).get("request_id")
+        outside = json.loads(formatter.format(record("idle"))).get("request_id")
+        return [before, after, outside]
+
+    assert asyncio.run(route()) == [None, "chatcmpl-9-0", None]

@@ -12,6 +12,7 @@ tests press on.
 from __future__ import annotations
 
 import random
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from bench.tier_probe import TierProbe
 from tests.e2e.conftest import ALICE_KEY
 from tests.e2e.stack import Stack, collect_logs
 
@@ -43,8 +45,9 @@ def tokens(name: str) -> list[int]:
 class KeepStack:
     """The stack and its client; remembers when each keep with a TTL was asked for."""
 
-    def __init__(self, stack: Stack) -> None:
+    def __init__(self, stack: Stack, data_dir: Path) -> None:
         self.stack = stack
+        self.data_dir = data_dir
         self.client = OpenAI(base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=300)
         self.model = self.client.models.list().data[0].id
         self.ttl_asked_at = 0.0
@@ -87,7 +90,7 @@ def keeps(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator
     }
     stack = Stack.start(data_dir, env)
     try:
-        yield KeepStack(stack)
+        yield KeepStack(stack, data_dir)
     finally:
         status = stack.stop()
     assert status == 0, collect_logs(data_dir)
@@ -137,3 +140,15 @@ def test_a_pinned_prompt_stays_in_dram_through_a_burst_and_the_others_do_not(
     for name in ("control", "timed", "second", "over"):  # unkept, ended, dropped twice
         usage = keeps.ask(name)
         assert from_dram(usage) < FULL_BLOCKS * BLOCK, (name, usage.prompt_tokens_details)
+
+
+def test_the_pinned_blocks_went_down_to_nvme_and_the_ledger_keeps_them(keeps: KeepStack) -> None:
+    """What a node's death would leave: the kept blocks on the host's NVMe, spared by tierd,
+    and the catalogue's ledger naming the same blocks."""
+    prompt = tokens("pinned")
+    chain = [tuple(prompt[i * BLOCK : (i + 1) * BLOCK]) for i in range(FULL_BLOCKS)]
+    on_nvme = {h.token_ids: h.block_hash for h in TierProbe(keeps.data_dir).nvme_headers().values()}
+    assert all(tokens_of in on_nvme for tokens_of in chain)
+    with sqlite3.connect(keeps.data_dir / "cachemeta.db") as db:
+        pinned = {bytes(h) for (h,) in db.execute("SELECT hash FROM keeps WHERE pinned")}
+    assert pinned == {on_nvme[t] for t in chain}

@@ -164,6 +164,9 @@ class Keeps:
 
         return await self._changes.run(change)
 
+    def num_in_force(self) -> int:
+        return len(self.ledger.listing(self.clock()))
+
     def listing(self, version: int) -> tuple[int, bool, dict[bytes, float]]:
         """``(version, changed, keeps in force)``; no keeps when ``version`` is current."""
         current = self.ledger.version

@@ -57,6 +57,11 @@ class CacheMetaMetrics(Collector):
             ("crescent_cachemeta_replicas", "replicas in the index", catalogue.index.num_replicas),
             ("crescent_cachemeta_nodes", "nodes known", len(catalogue.nodes)),
             (
+                "crescent_cachemeta_kept_blocks",
+                "blocks kept for their tenants (cache_control.keep) now",
+                servicer.keeps.num_in_force(),
+            ),
+            (
                 "crescent_cachemeta_database_up",
                 "last database check passed",
                 self.service.database_up,

@@ -8,6 +8,7 @@ import math
 import pytest
 
 from services.cachemeta.keeps import KeepLedger
+from services.cachemeta.metrics import CacheMetaMetrics
 from shared.rpc.client import CacheMetaError
 from shared.rpc.types import KeepGrant
 from tests.cachemeta.conftest import Served
@@ -77,6 +78,8 @@ def test_keeps_over_grpc_and_across_a_restart(served: Served) -> None:
         assert after.changed and set(after.keeps) == set(hs(1, 2))
 
     served.call(scenario())
+    gauges = {m.name: m.samples[0].value for m in CacheMetaMetrics(service).collect() if m.samples}
+    assert gauges["crescent_cachemeta_kept_blocks"] == 2
     served.restart()
     listing = served.call(served.client.list_keeps())  # type: ignore[union-attr]
     assert set(listing.keeps) == set(hs(1, 2))

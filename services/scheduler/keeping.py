@@ -2,36 +2,21 @@
 the request is placed, so a keep over its tenant's quota is refused before anything is
 computed, and undoing what a request that could not be placed began to keep.
 
-No framework here: the ledger is reached through any object with the client's ``keep_blocks``.
+No framework here: the ledger is reached through the scheduler's ``PrefixIndex`` (the client's
+``keep_blocks``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
+from services.scheduler.lookup import PrefixIndex
 from shared.errors import CrescentError
 from shared.kv.hashing import quota_key, scope_salt
 from shared.messages import QUOTA, GenerateRequest
-from shared.rpc.types import KeepGrant
 
 log = logging.getLogger(__name__)
-
-
-class KeepIndex(Protocol):
-    """The part of ``shared.rpc.client.CacheMetaClient`` that records keeps."""
-
-    async def keep_blocks(
-        self,
-        quota_key: bytes,
-        block_hashes: Sequence[bytes],
-        *,
-        ttl_s: float = 0.0,
-        pin: bool = False,
-        max_blocks: int = 0,
-    ) -> KeepGrant: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +57,7 @@ class Keeper:
     keep (or the drop); a refusal changes nothing in the ledger.
     """
 
-    def __init__(self, index: KeepIndex | None, quotas: KeepQuotas, secret: str) -> None:
+    def __init__(self, index: PrefixIndex | None, quotas: KeepQuotas, secret: str) -> None:
         self.index = index
         self.quotas = quotas
         self.secret = secret

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
+from tests.e2e import disaggregated as disaggregation
 from tests.e2e.stack import Stack, collect_logs
 from tests.support.nats import NatsServer
 from tests.support.otlp import OtlpReceiver
@@ -68,3 +69,10 @@ def client(stack: Stack) -> OpenAI:
 @pytest.fixture(scope="session")
 def model_name(client: OpenAI) -> str:
     return client.models.list().data[0].id
+
+
+@pytest.fixture(scope="session")
+def disaggregated(stack: Stack, model_name: str) -> disaggregation.Disaggregated:
+    """One long prompt handed from a prefill node to the decode node, with the nodes' metrics
+    around it (tests/e2e/test_metrics_e2e.py and test_tracing_e2e.py look at it)."""
+    return disaggregation.run(stack, model_name, ALICE_KEY)

@@ -4,18 +4,13 @@ repeated prompt, transfer bytes on a disaggregated request."""
 
 from __future__ import annotations
 
-import asyncio
-import json
 import os
 import time
-from collections import defaultdict
 
-import httpx
 import pytest
-from openai import AsyncOpenAI, OpenAI
-from prometheus_client.parser import text_string_to_metric_families
+from openai import OpenAI
 
-from tests.e2e.conftest import ALICE_KEY
+from tests.e2e.disaggregated import Disaggregated, endpoints, scrape, total
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -68,29 +63,6 @@ FAMILIES = {
     },
 }
 
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def endpoints(stack: Stack) -> dict[str, str]:
-    where = json.loads((stack.data_dir / "stack.json").read_text())
-    metrics: dict[str, str] = where["metrics"]
-    return metrics
-
-
-def scrape(url: str) -> tuple[set[str], Samples]:
-    reply = httpx.get(url, timeout=10)
-    reply.raise_for_status()
-    names, samples = set(), defaultdict(list)
-    for family in text_string_to_metric_families(reply.text):
-        names.add(family.name)
-        for s in family.samples:
-            samples[s.name].append((s.labels, s.value))
-    return names, samples
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    return sum(v for ls, v in samples.get(name, []) if labels.items() <= ls.items())
-
 
 def kind_of(name: str) -> str:
     return "node" if name.split("-")[0] in ("prefill", "decode") else name.split("-")[0]
@@ -141,48 +113,14 @@ def test_a_repeated_prompt_raises_cached_tokens_everywhere(client: OpenAI, stack
     assert rise("cachemeta", "crescent_cachemeta_call_duration_seconds_count") >= 0
 
 
-def test_a_disaggregated_request_moves_transfer_bytes(stack: Stack, model_name: str) -> None:
-    urls = endpoints(stack)
-    time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
-    before = scrape(urls["decode-0"])[1]
-    report = " ".join(f"Line {i} of a metrics report at {os.getpid()}." for i in range(90))
-    asyncio.run(long_prompt_beside_a_stream(stack, model_name, report))
-    time.sleep(1.0)
-    after = scrape(urls["decode-0"])[1]
+def test_a_disaggregated_request_moves_transfer_bytes(disaggregated: Disaggregated) -> None:
+    before, after = disaggregated.decode_before, disaggregated.decode_after
     metric = "crescent_kv_transfer_bytes_total"
     moved = total(after, metric, source="handoff") - total(before, metric, source="handoff")
     assert moved > 0
     pulls = "crescent_kv_transfer_duration_seconds_count"
     assert total(after, pulls, source="handoff") > total(before, pulls, source="handoff")
-    sent = scrape(urls["prefill-0"])[1]
+    sent = disaggregated.prefill_after
     assert total(sent, "crescent_kv_bytes_sent_total") >= moved
     finished = "crescent_node_requests_finished_total"
     assert total(sent, finished, outcome="handed_over") >= 1
-
-
-async def long_prompt_beside_a_stream(stack: Stack, model_name: str, prompt: str) -> str:
-    """Sends ``prompt`` while a stream decodes (``min_tokens`` keeps it going): a prompt that
-    long would pause the stream longer than a hand-off takes, so a prefill node computes it
-    and hands its KV to the decode node. Returns the long request's response id."""
-    aclient = AsyncOpenAI(base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=300)
-    started = asyncio.Event()
-
-    async def stream() -> None:
-        chunks = await aclient.chat.completions.create(
-            model=model_name, messages=[{"role": "user", "content": "Count to 200."}],
-            max_tokens=200, temperature=0, stream=True, extra_body={"min_tokens": 200},
-        )  # fmt: skip
-        async for chunk in chunks:
-            if chunk.choices and chunk.choices[0].delta.content:
-                started.set()
-
-    streaming = asyncio.create_task(stream())
-    await asyncio.wait_for(started.wait(), 120)
-    await asyncio.sleep(1.5)  # the decode node's next heartbeats count the stream
-    assert not streaming.done()
-    long = await aclient.chat.completions.create(
-        model=model_name, messages=[{"role": "user", "content": prompt}], max_tokens=2,
-        temperature=0,
-    )  # fmt: skip
-    await streaming
-    return long.id

@@ -4,14 +4,11 @@ scheduler, the prefill node and the decode node, with a span per phase."""
 
 from __future__ import annotations
 
-import asyncio
-import os
 import time
 
 import pytest
 
-from tests.e2e.stack import Stack
-from tests.e2e.test_metrics_e2e import long_prompt_beside_a_stream
+from tests.e2e.disaggregated import Disaggregated
 from tests.support.otlp import OtlpReceiver, Span
 
 pytestmark = pytest.mark.slow
@@ -47,11 +44,9 @@ def trace_of(receiver: OtlpReceiver, response_id: str, timeout_s: float = 20) ->
 
 
 def test_a_disaggregated_requests_trace_is_whole(
-    stack: Stack, model_name: str, otlp_receiver: OtlpReceiver
+    disaggregated: Disaggregated, otlp_receiver: OtlpReceiver
 ) -> None:
-    time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
-    report = " ".join(f"Line {i} of a traced report at {os.getpid()}." for i in range(90))
-    response_id = asyncio.run(long_prompt_beside_a_stream(stack, model_name, report))
+    response_id = disaggregated.response_id
     spans = trace_of(otlp_receiver, response_id)
     assert spans, f"no span names {response_id}"
     by_service: dict[str, set[str]] = {}

@@ -1,0 +1,96 @@
+"""One disaggregated request on the session's stack, made once and looked at by several tests
+(its metrics, its trace): a long prompt sent while a stream decodes, so a prefill node
+computes it and hands its KV to the decode node. And how the tests read /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import httpx
+from openai import AsyncOpenAI
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.stack import Stack
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@dataclass(frozen=True)
+class Disaggregated:
+    """The long request's response id, and the decode and prefill nodes' metrics around it."""
+
+    response_id: str
+    decode_before: Samples
+    decode_after: Samples
+    prefill_after: Samples
+
+
+def endpoints(stack: Stack) -> dict[str, str]:
+    """Each service's /metrics URL, as `crescent up` lists them in stack.json."""
+    where = json.loads((stack.data_dir / "stack.json").read_text())
+    metrics: dict[str, str] = where["metrics"]
+    return metrics
+
+
+def scrape(url: str) -> tuple[set[str], Samples]:
+    reply = httpx.get(url, timeout=10)
+    reply.raise_for_status()
+    names: set[str] = set()
+    samples: Samples = defaultdict(list)
+    for family in text_string_to_metric_families(reply.text):
+        names.add(family.name)
+        for s in family.samples:
+            samples[s.name].append((s.labels, s.value))
+    return names, samples
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    return sum(v for ls, v in samples.get(name, []) if labels.items() <= ls.items())
+
+
+def run(stack: Stack, model_name: str, api_key: str) -> Disaggregated:
+    urls = endpoints(stack)
+    time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
+    before = scrape(urls["decode-0"])[1]
+    report = " ".join(f"Line {i} of a disaggregated report at {os.getpid()}." for i in range(90))
+    response_id = asyncio.run(long_prompt_beside_a_stream(stack, model_name, api_key, report))
+    time.sleep(1.0)
+    after = scrape(urls["decode-0"])[1]
+    return Disaggregated(response_id, before, after, scrape(urls["prefill-0"])[1])
+
+
+async def long_prompt_beside_a_stream(
+    stack: Stack, model_name: str, api_key: str, prompt: str
+) -> str:
+    """Sends ``prompt`` while a stream decodes (``min_tokens`` keeps it going): a prompt that
+    long would pause the stream longer than a hand-off takes. Returns its response id."""
+    aclient = AsyncOpenAI(base_url=stack.base_url, api_key=api_key, max_retries=0, timeout=300)
+    started = asyncio.Event()
+
+    async def stream() -> None:
+        chunks = await aclient.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": "Count to 200."}],
+            max_tokens=200, temperature=0, stream=True, extra_body={"min_tokens": 200},
+        )  # fmt: skip
+        async for chunk in chunks:
+            if chunk.choices and chunk.choices[0].delta.content:
+                started.set()
+
+    streaming = asyncio.create_task(stream())
+    await asyncio.wait_for(started.wait(), 120)
+    await asyncio.sleep(1.5)  # the decode node's next heartbeats count the stream
+    assert not streaming.done()
+    long = await aclient.chat.completions.create(
+        model=model_name, messages=[{"role": "user", "content": prompt}], max_tokens=2,
+        temperature=0,
+    )  # fmt: skip
+    streaming.cancel()  # its work is done: hanging up ends it on the nodes too
+    with contextlib.suppress(asyncio.CancelledError):
+        await streaming
+    return long.id

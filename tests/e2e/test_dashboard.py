@@ -16,6 +16,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from crescent.cli import main
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -160,3 +161,17 @@ def test_the_page_shows_the_figures_of_the_status_json(
     keep = os.environ.get("DASHBOARD_SCREENSHOT")
     if keep:  # how docs/dashboard.png is made
         shutil.copyfile(shot, keep)
+
+
+def test_crescent_status_shows_the_running_stack(
+    stack: Stack, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["status", "--data-dir", str(stack.data_dir)]) == 0
+    out = capsys.readouterr().out
+    status = httpx.get(stack.base_url.removesuffix("/v1") + "/status", timeout=10).json()
+    for node in status["nodes"]:
+        row = next(line for line in out.splitlines() if line.startswith(f"│ {node['id']} "))
+        assert node["role"] in row and node["health"] in row, row
+    for tier in status["tiers"]:
+        assert any(tier["node"] in line and tier["tier"] in line for line in out.splitlines())

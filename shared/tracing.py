@@ -158,22 +158,43 @@ def stamp(message: object) -> None:
         request.traceparent = parent
 
 
-@contextmanager
-def delivery(message: object, subject: str) -> Iterator[None]:
+class Delivery:
     """Around the handling of a message from the bus: its request id for the log lines, and,
-    when it carries a trace context, a span of this service under it."""
-    request_id = getattr(message, "request_id", None)
-    request = request_of(message)
-    if request is not None:
-        request_id = request.request_id
-    with logs.request_scope(request_id):
+    when it carries a trace context while tracing is on, a span of this service under it. A
+    class rather than a generator: it wraps every message a service receives."""
+
+    __slots__ = ("_request", "_span", "_subject", "_token", "message")
+
+    def __init__(self, message: object, subject: str) -> None:
+        self.message = message
+        self._subject = subject
+        self._request = request_of(message)
+        self._span: Any = None
+        self._token: Any = None
+
+    def __enter__(self) -> None:
+        request = self._request
+        if request is not None:
+            self._token = logs.REQUEST_ID.set(request.request_id)
+        else:
+            self._token = logs.REQUEST_ID.set(getattr(self.message, "request_id", None))
         if _state.tracer is None or request is None or not request.traceparent:
-            yield
             return
-        name = f"{type(message).__name__} {subject.split('.', 2)[1]}"
-        with span(name, request.traceparent, {"crescent.request_id": request.request_id}):
-            remember(request.request_id, current())
-            yield
+        name = f"{type(self.message).__name__} {self._subject.split('.', 2)[1]}"
+        attrs = {"crescent.request_id": request.request_id}
+        self._span = span(name, request.traceparent, attrs)
+        self._span.__enter__()
+        remember(request.request_id, current())
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self._span is not None:
+                self._span.__exit__(*exc)
+        finally:
+            logs.REQUEST_ID.reset(self._token)
+
+
+delivery = Delivery
 
 
 def _format(context: Any) -> str:

@@ -35,7 +35,7 @@ typecheck: install
 test: install browser lint typecheck
 	$(BIN)/pytest -q
 
-# Debian's chromium renders the gateway's /dashboard in its test (tests/e2e/test_dashboard.py);
+# Debian's chromium renders the gateway's /dashboard in its test (tests/e2e/test_status_page.py);
 # installed here when absent and this user may (root, as in CI), otherwise that test is skipped.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { \

@@ -1,5 +1,8 @@
 """The gateway's /dashboard in headless Chromium, against the session's `crescent up`: the
-page shows the same numbers as the /status JSON it was fed, and renders (a screenshot)."""
+page shows the same numbers as the /status JSON it was fed, and renders (a screenshot).
+
+(Named to run after test_global_cache.py, whose stack shares the session's NATS server and
+its nodes' names: the session's stack must not be up beside it.)"""
 
 from __future__ import annotations
 

@@ -213,7 +213,8 @@ class SchedulerHandlers:
                 self.metrics.placed(decision, ask)
                 self.lookup.touch(hashes[: _matched(holders)])
                 if decision.local:
-                    self.recent.record(hashes, decision.prefill_node, time.monotonic())
+                    ready_in_s = decision.predicted_ttft_s
+                    self.recent.record(hashes, decision.prefill_node, time.monotonic(), ready_in_s)
                 return SubmitReply(
                     accepted=True,
                     prefill_node=decision.prefill_node,

@@ -41,10 +41,18 @@ class RecentPlacements:
     def __len__(self) -> int:
         return len(self._nodes)
 
-    def record(self, block_hashes: Sequence[BlockHash], node_id: str, now: float) -> None:
-        """``node_id`` will cache ``block_hashes`` (a prompt's leading blocks, in order)."""
+    def record(
+        self,
+        block_hashes: Sequence[BlockHash],
+        node_id: str,
+        now: float,
+        ready_in_s: float = 0.0,
+    ) -> None:
+        """``node_id`` will cache ``block_hashes`` (a prompt's leading blocks, in order), in
+        about ``ready_in_s``: the record lasts ``ttl_s`` from then, so a prefill slower than
+        the catalogue's sync rounds is not forgotten before the catalogue lists it."""
         self._expire(now)
-        until = now + self.ttl_s
+        until = now + max(ready_in_s, 0.0) + self.ttl_s
         for block_hash in block_hashes:
             self._nodes.setdefault(block_hash, {})[node_id] = until
             self._expiries.append((until, block_hash, node_id))

@@ -17,6 +17,13 @@ def test_a_placed_prompt_is_held_where_it_was_placed_until_its_record_expires() 
     assert len(recent) == 0
 
 
+def test_a_slow_prefill_is_remembered_from_when_it_should_end() -> None:
+    recent = RecentPlacements(ttl_s=3.0)
+    recent.record(H[:3], "decode-0", now=10.0, ready_in_s=4.0)
+    assert recent.holders(H, now=16.5) == [PrefixHolder("decode-0", "dram", 3)]
+    assert recent.holders(H, now=17.0) == []
+
+
 def test_each_node_gets_its_own_leading_run_and_a_new_record_extends_the_old() -> None:
     recent = RecentPlacements(ttl_s=3.0)
     recent.record(H[:2], "prefill-0", now=10.0)

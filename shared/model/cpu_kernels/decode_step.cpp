@@ -4,10 +4,10 @@
 // Run op by op from Python, a batch-1 step of a small model spends more time between the
 // matmuls than in them: hundreds of tensor ops each cost their dispatch, and each parallel
 // region wakes the thread pool again. Here the step is one parallel region whose threads
-// claim the work in chunks (decode_job.h): they split every projection's output rows (ggml_tiles.h, reading the GGUF's
-// quantized blocks) and the attention by sequence, KV head and a fixed span of context.
-// Attention reads each sequence's K and V where they lie in the paged cache, with no gather,
-// and the new token's K and V are written into its slot as they are computed.
+// claim the work in chunks (decode_job.h): every projection's output rows (ggml_tiles.h,
+// reading the GGUF's quantized blocks), and the attention by sequence, KV head and a fixed
+// span of context. Attention reads each sequence's K and V where they lie in the paged cache,
+// with no gather, and the new token's K and V go into its slot with the span that holds it.
 //
 // How a row's numbers are computed depends only on that row and the model, never on which
 // thread runs what or on the other rows of the batch: a sequence's logits are the same alone

@@ -68,7 +68,8 @@ def run(stack: Stack, model_name: str, api_key: str) -> Disaggregated:
 async def long_prompt_beside_a_stream(
     stack: Stack, model_name: str, api_key: str, prompt: str
 ) -> str:
-    """Sends ``prompt`` while a stream decodes (``min_tokens`` keeps it going): a prompt that
+    """Sends ``prompt`` while a stream decodes (``min_tokens`` keeps it going for 1000 tokens,
+    seconds even at full speed, and it is hung up once ``prompt`` is answered): a prompt that
     long would pause the stream longer than a hand-off takes. Returns its response id."""
     aclient = AsyncOpenAI(base_url=stack.base_url, api_key=api_key, max_retries=0, timeout=300)
     started = asyncio.Event()
@@ -76,7 +77,7 @@ async def long_prompt_beside_a_stream(
     async def stream() -> None:
         chunks = await aclient.chat.completions.create(
             model=model_name, messages=[{"role": "user", "content": "Count to 200."}],
-            max_tokens=200, temperature=0, stream=True, extra_body={"min_tokens": 200},
+            max_tokens=1000, temperature=0, stream=True, extra_body={"min_tokens": 1000},
         )  # fmt: skip
         async for chunk in chunks:
             if chunk.choices and chunk.choices[0].delta.content:

@@ -4,6 +4,7 @@ pulled over UCX, a decode node. Real NATS, real model."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -193,7 +194,7 @@ def test_a_short_prompt_is_prefilled_on_the_decode_node_and_a_long_one_crosses_u
         f"Line {i} of a long report on the tides at {os.getpid()}." for i in range(90)
     )
     long_id, streamed = asyncio.run(long_prompt_beside_a_stream(stack, model_name, report))
-    assert "1" in streamed and "10" in streamed  # the stream went on, whole
+    assert "1" in streamed and "10" in streamed  # the stream went on
     long_view = debug_view(stack, long_id)
     assert long_view["prompt_tokens"] > 1000
     assert long_view["placed"] == {"prefill_node": "prefill-0", "decode_node": "decode-0"}
@@ -210,25 +211,27 @@ async def long_prompt_beside_a_stream(
     stack: Stack, model_name: str, prompt: str
 ) -> tuple[str, str]:
     """Sends ``prompt`` once a long stream is decoding (and the scheduler has seen it on the
-    decode node); returns the long request's id and the stream's text."""
+    decode node); returns the long request's id and the stream's text up to then. The stream
+    is held to 1000 tokens by ``min_tokens`` (seconds even at full speed) and hung up once
+    ``prompt`` is answered."""
     aclient = AsyncOpenAI(base_url=stack.base_url, api_key=ALICE_KEY, max_retries=0, timeout=300)
     started = asyncio.Event()
+    text: list[str] = []
 
-    async def stream() -> str:
+    async def stream() -> None:
         chunks = await aclient.chat.completions.create(
             model=model_name,
             messages=[{"role": "user", "content": "Count from 1 to 200, separated by commas."}],
-            max_tokens=160,
+            max_tokens=1000,
             temperature=0,
             stream=True,
+            extra_body={"min_tokens": 1000},
         )
-        text = ""
         async for chunk in chunks:
             if chunk.choices:
-                text += chunk.choices[0].delta.content or ""
-                if len(text) > 8:
+                text.append(chunk.choices[0].delta.content or "")
+                if len("".join(text)) > 8:
                     started.set()
-        return text
 
     streaming = asyncio.create_task(stream())
     await asyncio.wait_for(started.wait(), 120)
@@ -240,7 +243,11 @@ async def long_prompt_beside_a_stream(
         max_tokens=4,
         temperature=0,
     )
-    return long.id, await streaming
+    assert not streaming.done()  # the stream went on beside the hand-off
+    streaming.cancel()  # hanging up ends it on the nodes too
+    with contextlib.suppress(asyncio.CancelledError):
+        await streaming
+    return long.id, "".join(text)
 
 
 def debug_view(stack: Stack, response_id: str) -> dict[str, Any]:

@@ -15,7 +15,8 @@ llama-server is not part of Crescent and is never committed; build it from the
 Everything after ``--`` goes to ``crescent bench`` as it is. With ``--concurrency 1 4 16`` the
 same workload runs once per concurrency (``<out>/c<N>/``, each level with prompts of its own
 unless ``--seed`` is given), against the same two servers, and a table of every level's
-figures and ratios is printed at the end; ``--no-cache-off`` leaves
+figures and ratios is printed at the end (and written to ``<out>/sweep.md``, with
+``<out>/sweep.png`` plotting each figure against the concurrency); ``--no-cache-off`` leaves
 the salted Crescent target out.
 
     .venv/bin/python bench/peer.py --llama-server /path/to/llama-server --out runs/sweep \
@@ -40,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.faults import Stack, collect_logs
+from crescent.bench.plots import sweep_plot
 
 READY_TIMEOUT_S = 600.0
 
@@ -106,6 +108,16 @@ SWEEP_FIGURES = (
 )
 
 
+def sweep_summaries(out: Path, levels: Sequence[int]) -> dict[str, dict[int, dict[str, float]]]:
+    """Per target, per level, the summary ``crescent bench`` wrote in ``c<level>/``."""
+    sweep: dict[str, dict[int, dict[str, float]]] = {}
+    for level in levels:
+        summaries = json.loads((out / f"c{level}" / "comparison.json").read_text())["summaries"]
+        for name, summary in summaries.items():
+            sweep.setdefault(name, {})[level] = summary
+    return sweep
+
+
 def sweep_table(out: Path, levels: Sequence[int]) -> str:
     """One row per concurrency and figure: Crescent, llama-server and their ratio, from each
     level's ``comparison.json``."""
@@ -165,7 +177,9 @@ def main() -> int:
                 return status
         table = sweep_table(args.out, args.concurrency)
         (args.out / "sweep.md").write_text(table + "\n")
+        sweep_plot(sweep_summaries(args.out, args.concurrency), args.out / "sweep.png")
         print(table)
+        print(f"plot: {args.out / 'sweep.png'}")
         return 0
     except BaseException:
         print(collect_logs(stack.data_dir), file=sys.stderr)

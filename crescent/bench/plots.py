@@ -1,4 +1,5 @@
-"""PNG plots of one run or of two side by side: latency CDFs and TTFT over time.
+"""PNG plots of one run or of two side by side: latency CDFs and TTFT over time; and of a
+concurrency sweep, each figure against the concurrency.
 
 Figures are drawn on matplotlib's Agg canvas directly (no pyplot, so no GUI backend and no
 global figure state).
@@ -64,6 +65,35 @@ def ttft_over_time(series: Series, path: Path) -> None:
     ax.grid(alpha=0.3)
     if ax.has_data():
         ax.legend(loc="upper left")
+    _save(figure, path)
+
+
+#: A sweep: per target, per concurrency level, that level's summary figures.
+Sweep = Mapping[str, Mapping[int, Mapping[str, float]]]
+_SWEEP_PANELS = (
+    ("request_throughput", "requests per second", "req/s"),
+    ("output_throughput", "output tokens per second", "tok/s"),
+    ("ttft_p50_ms", "TTFT, median", "ms"),
+    ("itl_p50_ms", "inter-token latency, median", "ms"),
+)
+
+
+def sweep_plot(sweep: Sweep, path: Path) -> None:
+    """One panel per figure, each target a line over the concurrency levels it ran."""
+    figure = Figure(figsize=(11, 8), layout="constrained")
+    axes = figure.subplots(2, 2).flatten()
+    for ax, (key, title, unit) in zip(axes, _SWEEP_PANELS, strict=True):
+        for name, levels in sweep.items():
+            xs = sorted(levels)
+            ax.plot(xs, [levels[x][key] for x in xs], marker="o", label=name)
+        ax.set_title(title)
+        ax.set_xlabel("concurrency")
+        ax.set_xscale("log", base=2)
+        ax.set_ylabel(unit)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        if ax.has_data():
+            ax.legend(loc="best")
     _save(figure, path)
 
 

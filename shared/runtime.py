@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
 import logging
+import os
 import signal
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -33,13 +37,51 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def run_service(name: str, build: Callable[[], Awaitable[Service]]) -> None:
-    """Builds and starts the service, waits for a stop signal, then stops it gracefully."""
+#: How long a service may take to stop, draining included, unless its wiring says otherwise.
+STOP_GRACE_S = 60.0
+#: What a node's stop may take beyond its drain: closing the bus, UCX and the catalogue.
+STOP_CLOSE_S = 30.0
+
+
+def run_service(
+    name: str, build: Callable[[], Awaitable[Service]], stop_grace_s: float = STOP_GRACE_S
+) -> None:
+    """Builds and starts the service, waits for a stop signal, then stops it gracefully.
+    A stop that overruns ``stop_grace_s`` is cut short (``StopWatchdog``)."""
     setup_logging(name)
-    asyncio.run(_serve(name, build))
+    asyncio.run(_serve(name, build, StopWatchdog(name, stop_grace_s)))
 
 
-async def _serve(name: str, build: Callable[[], Awaitable[Service]]) -> None:
+class StopWatchdog:
+    """Ends the process once a stop has taken ``grace_s``: a service that cannot finish
+    stopping (a call that never returns, a thread the interpreter waits for at exit) would
+    otherwise stay up, neither serving nor restarted by its supervisor. Before it exits it
+    logs the error and dumps every thread's stack to stderr, which is what explains a hang."""
+
+    def __init__(self, name: str, grace_s: float) -> None:
+        self.name = name
+        self.grace_s = grace_s
+        self._timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        self._timer = threading.Timer(self.grace_s, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _expire(self) -> None:
+        logging.getLogger(self.name).error(
+            "%s did not stop within %.0f s; exiting with every thread's stack below",
+            self.name,
+            self.grace_s,
+        )
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(1)
+
+
+async def _serve(
+    name: str, build: Callable[[], Awaitable[Service]], watchdog: StopWatchdog
+) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -50,4 +92,6 @@ async def _serve(name: str, build: Callable[[], Awaitable[Service]]) -> None:
     logging.getLogger(name).info("%s ready", name)
     await stop.wait()
     logging.getLogger(name).info("%s stopping", name)
+    # Armed until the process ends: the interpreter's exit, which joins worker threads, too.
+    watchdog.arm()
     await service.stop()

@@ -14,7 +14,7 @@ from shared.cluster_messages import KVHandoff, PrefillTask
 from shared.engine.engine import LLMEngine
 from shared.node.prefix import PrefixFetcher
 from shared.node.runtime import NodeRuntime
-from shared.runtime import run_service
+from shared.runtime import STOP_CLOSE_S, run_service
 
 log = logging.getLogger(__name__)
 #: Finishing sequences admit waiting hand-offs at once; this also covers room freed by aborts.
@@ -70,4 +70,5 @@ def main() -> None:
     async def build() -> DecodeService:
         return DecodeService(settings)
 
-    run_service("decode", build)
+    # Draining may take its whole timeout; closing the bus, UCX and the catalogue a few seconds.
+    run_service("decode", build, stop_grace_s=settings.drain_timeout_s + STOP_CLOSE_S)

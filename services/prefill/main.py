@@ -12,7 +12,7 @@ from shared.cluster_messages import PrefillTask
 from shared.engine.engine import LLMEngine
 from shared.node.prefix import PrefixFetcher
 from shared.node.runtime import NodeRuntime
-from shared.runtime import run_service
+from shared.runtime import STOP_CLOSE_S, run_service
 
 log = logging.getLogger(__name__)
 
@@ -53,4 +53,5 @@ def main() -> None:
     async def build() -> PrefillService:
         return PrefillService(settings)
 
-    run_service("prefill", build)
+    # Draining may take its whole timeout; closing the bus, UCX and the catalogue a few seconds.
+    run_service("prefill", build, stop_grace_s=settings.drain_timeout_s + STOP_CLOSE_S)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import STACK_ARGS, Harness, open_harness, stack_env
-from bench.faults import Stack
+from bench.faults import Stack, collect_logs
 from tests.support.loop import BackgroundLoop
 
 pytestmark = pytest.mark.slow
@@ -24,7 +24,12 @@ class Chaos:
         self.harness = harness
 
     def run(self, scenario, timeout_s: float = 300):  # type: ignore[no-untyped-def]
-        return self.loop.run(scenario(self.harness), timeout_s)
+        """Runs a scenario; when it fails, the services' logs go with the failure."""
+        try:
+            return self.loop.run(scenario(self.harness), timeout_s)
+        except Exception as exc:
+            exc.add_note(collect_logs(self.stack.data_dir))
+            raise
 
 
 @pytest.fixture(scope="session")

@@ -82,6 +82,7 @@ def sweep_plot(sweep: Sweep, path: Path) -> None:
     """One panel per figure, each target a line over the concurrency levels it ran."""
     figure = Figure(figsize=(11, 8), layout="constrained")
     axes = figure.subplots(2, 2).flatten()
+    ticks = sorted({level for levels in sweep.values() for level in levels})
     for ax, (key, title, unit) in zip(axes, _SWEEP_PANELS, strict=True):
         for name, levels in sweep.items():
             xs = sorted(levels)
@@ -89,6 +90,8 @@ def sweep_plot(sweep: Sweep, path: Path) -> None:
         ax.set_title(title)
         ax.set_xlabel("concurrency")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(level) for level in ticks])
+        ax.minorticks_off()
         ax.set_ylabel(unit)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)

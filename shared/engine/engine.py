@@ -225,7 +225,10 @@ class LLMEngine:
             self.stats.failed_steps += bool(failed)
             self.stats.preemptions += len(plan.preempted)
             outputs = [self._fail(seq, error) for seq, error in failed.items()]
-            return outputs + [self._append(seq, token) for seq, token in sampled]
+            outputs += [self._append(seq, token) for seq, token in sampled]
+            if self.cores is not None and not self.scheduler.has_work():
+                self.cores.idle()
+            return outputs
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         """Convenience for scripts and tests: runs prompts to completion as one batch."""

@@ -7,7 +7,10 @@ a thread that lost its core, and the two together get far less done than either 
 
 So model processes on a host keep a small ledger in shared memory: each marks when it is
 computing, and before a step counts the others computing on cores it shares, and takes its
-share of the cores for that step (at least one thread, at most its configured count).
+share of the cores for that step (at least one thread, at most its configured count). The
+share is fixed for the whole step, and a prefill step can last a second: so a process whose
+step left it with nothing more to compute says so at once, instead of counting as busy for
+``RECENT_S`` more and halving the share of a long step that starts just then.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ SLOTS = 64
 RECENT_S = 0.05
 #: A mark older than this is from a process that died mid-step.
 STALE_S = 120.0
-# pid, computing (0/1), its cores as a bit mask, when its last step began and ended
+#: What a slot's ``state`` says: no work, a step in progress, or more steps to come.
+IDLE, COMPUTING, BETWEEN_STEPS = 0, 1, 2
+# pid, state, its cores as a bit mask, when its last step began and ended
 _SLOT = struct.Struct("<iiQdd")
 
 
@@ -61,13 +66,19 @@ class HostCores:
     def begin_step(self) -> int:
         """Marks this process computing; returns how many threads its step should use."""
         now = time.monotonic()
-        self._write(1, now, self._read(self._slot)[4])
+        self._write(COMPUTING, now, self._read(self._slot)[4])
         busy = 1 + sum(1 for i in range(SLOTS) if i != self._slot and self._competes(i, now))
         return max(1, min(self.max_threads, len(self._cores) // busy))
 
     def end_step(self) -> None:
         _, _, _, began, _ = self._read(self._slot)
-        self._write(0, began, time.monotonic())
+        self._write(BETWEEN_STEPS, began, time.monotonic())
+
+    def idle(self) -> None:
+        """Marks a process whose last step left it nothing to compute."""
+        _, state, _, began, ended = self._read(self._slot)
+        if state == BETWEEN_STEPS:
+            self._write(IDLE, began, ended)
 
     def close(self) -> None:
         with contextlib.suppress(ValueError):
@@ -76,12 +87,12 @@ class HostCores:
         self._file.close()
 
     def _competes(self, slot: int, now: float) -> bool:
-        pid, computing, mask, began, ended = self._read(slot)
+        pid, state, mask, began, ended = self._read(slot)
         if pid == 0 or not mask & self._mask:
             return False
-        if computing:
+        if state == COMPUTING:
             return now - began < STALE_S and _alive(pid)
-        return now - ended < RECENT_S
+        return state == BETWEEN_STEPS and now - ended < RECENT_S
 
     def _claim(self) -> int:
         fcntl.flock(self._file.fileno(), fcntl.LOCK_EX)
@@ -96,12 +107,12 @@ class HostCores:
         raise RuntimeError(f"all {SLOTS} slots of the host's core ledger are taken")
 
     def _read(self, slot: int) -> tuple[int, int, int, float, float]:
-        pid, computing, mask, began, ended = _SLOT.unpack_from(self._map, slot * _SLOT.size)
-        return pid, computing, mask, began, ended
+        pid, state, mask, began, ended = _SLOT.unpack_from(self._map, slot * _SLOT.size)
+        return pid, state, mask, began, ended
 
-    def _write(self, computing: int, began: float, ended: float) -> None:
+    def _write(self, state: int, began: float, ended: float) -> None:
         _SLOT.pack_into(
-            self._map, self._slot * _SLOT.size, self._pid, computing, self._mask, began, ended
+            self._map, self._slot * _SLOT.size, self._pid, state, self._mask, began, ended
         )
 
 

@@ -59,6 +59,22 @@ def test_a_process_that_just_stepped_still_counts_then_stops_counting(
     prefill.end_step()
 
 
+def test_a_process_left_with_nothing_to_compute_stops_counting_at_once(ledger: Path) -> None:
+    """The decode node's last step of a stream ends just before the next prompt's prefill
+    begins: that prefill, one step of a second or more, must get every core."""
+    decode = HostCores(ledger, CORES, 2)
+    prefill = HostCores(ledger, CORES, 2, pid=live_pid())
+    decode.begin_step()
+    decode.end_step()
+    decode.idle()
+    assert prefill.begin_step() == 2
+    prefill.end_step()
+    prefill.idle()
+    decode.begin_step()
+    decode.idle()  # never hides a step in progress
+    assert prefill.begin_step() == 1
+
+
 def test_processes_on_other_cores_do_not_count(ledger: Path) -> None:
     left = HostCores(ledger, {0, 1}, 2)
     right = HostCores(ledger, {2, 3}, 2, pid=live_pid())

@@ -39,11 +39,14 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting queue and the running list.
 
-    Each step gives every running sequence its next tokens first (one for a decode, the rest
-    of its prompt for a chunked prefill), then admits waiting sequences while the token
-    budget, the sequence cap and the pool allow. When a running sequence cannot get a block,
-    the most recently admitted one is preempted: its blocks go back to the pool (and stay in
-    the prefix cache), and it is recomputed later from its tokens.
+    Each step gives every running sequence its next tokens first, decodes (one token each)
+    before the chunks of prompts still being prefilled, then admits waiting sequences while
+    the token budget, the sequence cap and the pool allow. Decodes go first so that a long
+    prompt's chunks, each as large as the budget, never hold a running stream back for the
+    rest of its prefill: they share each step with the decodes instead. When a running
+    sequence cannot get a block, the most recently admitted one is preempted: its blocks go
+    back to the pool (and stay in the prefix cache), and it is recomputed later from its
+    tokens.
     """
 
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
@@ -83,7 +86,9 @@ class Scheduler:
         self.running.append(seq)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        for seq in list(self.running):
+        decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens <= 1]
+        prefilling = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
+        for seq in decoding + prefilling:
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)

@@ -200,3 +200,28 @@ def test_outputs_carry_the_time_of_their_first_step(make_engine: EngineFactory) 
         seen += [o.admitted_at for o in engine.step()]
     assert seen and before < seen[0] <= time.monotonic()
     assert set(seen) == {seen[0]}  # the first step's, on every output after it
+
+
+def test_a_long_prompt_prefilling_in_chunks_never_holds_a_stream_back(
+    make_engine: EngineFactory,
+) -> None:
+    """A stream that joins the batch behind a long prompt still prefilling in chunks as large
+    as the budget (as a stream handed over from another node does: it is resumed at the end
+    of the running list) gets a token every step all the same, and its tokens are its own."""
+    engine = make_engine(max_num_batched_tokens=8)
+    short, long = prompts(1, 6, 6, seed=10)[0], prompts(1, 60, 60, seed=11)[0]
+    engine.add_request("stream", short, GREEDY)
+    engine.step()  # the stream's prompt and first token
+    engine.add_request("long", long, GREEDY)
+    engine.step()  # a token of the stream, and the long prompt's first chunk
+    running = engine.scheduler.running
+    running.append(running.pop(0))  # the stream behind the prompt, as a resumed one is
+    for _ in range(5):  # the long prompt has 53 tokens left: it prefills through these steps
+        outputs = {o.request_id: o for o in engine.step()}
+        assert "stream" in outputs and "long" not in outputs
+    streamed: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == "stream" and out.finished:
+                streamed = out.output_token_ids
+    assert streamed == run_alone(make_engine, short)

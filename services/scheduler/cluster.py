@@ -75,6 +75,8 @@ class CostParams:
     has not measured it; ``nvme_latency_s`` / ``s3_latency_s``: what a read of that tier adds
     to a pull before its first byte. ``local_prefill_max_pause_s``: the longest a prompt
     computed on a decode node may pause the sequences decoding there (None: no bound).
+    ``local_prefill_max_idle_compute_s``: the longest a prompt's compute on a decode node
+    with nothing decoding may take (None: no bound).
     """
 
     max_num_batched_tokens: int = 2048
@@ -86,6 +88,7 @@ class CostParams:
     nvme_latency_s: float = 0.001
     s3_latency_s: float = 0.02
     local_prefill_max_pause_s: float | None = 0.1
+    local_prefill_max_idle_compute_s: float | None = 2.0
 
     def tier_latency_s(self, tier: str) -> float:
         """Seconds a read of ``tier`` adds to a pull (none for a pool in DRAM)."""

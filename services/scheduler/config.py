@@ -104,6 +104,13 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
         description="a decode node prefills a request itself only if that pauses the "
         "sequences it is decoding for at most this long",
     )
+    local_prefill_max_idle_compute_ms: float = Field(
+        default=2000.0,
+        gt=0,
+        description="a decode node with nothing decoding prefills a request itself only if "
+        "its compute takes at most this long (streams handed to it meanwhile wait for those "
+        "steps)",
+    )
     step_prior_base_s: float = Field(
         default=DEFAULT_PRIOR.base_s, ge=0, description="step time before nodes report steps"
     )
@@ -156,6 +163,7 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
             nvme_latency_s=self.nvme_latency_ms / 1000,
             s3_latency_s=self.s3_latency_ms / 1000,
             local_prefill_max_pause_s=self.local_prefill_max_pause_ms / 1000,
+            local_prefill_max_idle_compute_s=self.local_prefill_max_idle_compute_ms / 1000,
         )
 
     def step_times(self) -> StepTimes:

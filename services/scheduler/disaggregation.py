@@ -70,13 +70,24 @@ def prefer_local(
     remote: Disaggregated,
     tbt_slo_s: float | None,
     max_pause_s: float | None = None,
+    max_idle_compute_s: float | None = None,
 ) -> bool:
     """Whether prefilling on the decode node beats handing off (module docstring). Never when
     it would pause the sequences decoding there longer than ``max_pause_s``: those sums count
-    time, whoever waits, and a stall in a stream its reader is watching costs more than time."""
+    time, whoever waits, and a stall in a stream its reader is watching costs more than time.
+    Nor, on a node with nothing decoding, when its compute takes longer than
+    ``max_idle_compute_s``: streams handed to the node meanwhile, which no forecast can count,
+    wait for its long steps (a step between two changes to the node's batch) to join it,
+    while handing a long prompt off costs little beside its compute."""
     if tbt_slo_s is not None and local.step_s + local.pause_s > tbt_slo_s:
         return False
     if max_pause_s is not None and local.decoding > 0 and local.pause_s > max_pause_s:
+        return False
+    if (
+        max_idle_compute_s is not None
+        and local.decoding == 0
+        and local.cost.compute_s > max_idle_compute_s
+    ):
         return False
     return local.total_s < remote.total_s
 
@@ -130,8 +141,15 @@ def choose_local(
     lacking = blocks - pricing.local(target, pricing.limit(target))
     handoff_s = handoff_coefficients(view, target).seconds(lacking)
     disaggregated = Disaggregated(remote.ttft_s, handoff_s)
-    max_pause_s = view.costs.local_prefill_max_pause_s
-    return best if prefer_local(best[0], disaggregated, tbt_slo_s, max_pause_s) else None
+    costs = view.costs
+    chosen = prefer_local(
+        best[0],
+        disaggregated,
+        tbt_slo_s,
+        costs.local_prefill_max_pause_s,
+        costs.local_prefill_max_idle_compute_s,
+    )
+    return best if chosen else None
 
 
 def decoding(
@@ -167,6 +185,7 @@ def break_even_tokens(
     tbt_slo_s: float | None = None,
     limit: int = 1 << 20,
     max_pause_s: float | None = None,
+    max_idle_compute_s: float | None = None,
 ) -> int:
     """The longest fresh prompt (nothing cached, idle queues) that ``prefer_local`` prefills
     on a decode node stepping in ``step_s`` with ``decoding`` other sequences, when a prefill
@@ -180,7 +199,7 @@ def break_even_tokens(
         cost = PrefillCost("", 0.0, 0.0, compute, 0, 0, (), 0)
         remote = Disaggregated(compute, handoff.seconds(-(-tokens // block_size)))
         local = LocalPrefill(cost, pause, decoding, step_s)
-        return prefer_local(local, remote, tbt_slo_s, max_pause_s)
+        return prefer_local(local, remote, tbt_slo_s, max_pause_s, max_idle_compute_s)
 
     if not local_wins(1):
         return 0

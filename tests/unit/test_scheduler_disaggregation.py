@@ -22,7 +22,7 @@ from services.scheduler.policy import (
     Rejection,
     place,
 )
-from services.scheduler.timing import StepCoefficients, StepTimes
+from services.scheduler.timing import StepCoefficients, StepTimes, prefill_seconds
 from shared.rpc.types import PrefixHolder
 from tests.unit.scheduler_nodes import NOW, node, placed
 
@@ -116,13 +116,28 @@ def test_the_break_even_moves_with_what_is_measured() -> None:
     slow = break_even_tokens(COEF, STEP, 0.0, 1, fitted(cluster(1, slow_link)), 32)
     busier = break_even_tokens(COEF, STEP, 0.0, 4, fitted(cluster(4)), 32)
     assert busier < one < slow
-    # An idle node with no objective keeps every prompt: nobody waits for its steps.
+    # Unbounded, an idle node with no objective keeps every prompt: nobody waits for it now.
     idle = break_even_tokens(COEF, STEP, 0.0, 0, fitted(cluster(0)), 32, limit=1 << 16)
     assert idle == 1 << 16
-    assert decide(cluster(0), 4000).local
     # An objective on the time between tokens bounds the pause a prompt may cause.
     bounded = break_even_tokens(COEF, STEP, 0.02, 0, fitted(cluster(0)), 32, tbt_slo_s=0.1)
     assert pause_seconds(COEF, bounded, 0, STEP) <= 0.08 < pause_seconds(COEF, bounded + 1, 0, STEP)
+
+
+def test_an_idle_decode_node_keeps_only_prompts_it_computes_within_its_bound() -> None:
+    """Streams handed to an idle node while it prefills a long prompt would wait for its long
+    steps, which no forecast of the node's sequences counts: a prompt whose compute there
+    exceeds the bound goes to the prefill node, one token either side of it."""
+    bound_s = CostParams().local_prefill_max_idle_compute_s
+    assert bound_s is not None
+    longest = break_even_tokens(
+        COEF, STEP, 0.0, 0, fitted(cluster(0)), 32, max_idle_compute_s=bound_s
+    )
+    assert prefill_seconds(COEF, longest, 0, STEP) <= bound_s
+    assert prefill_seconds(COEF, longest + 1, 0, STEP) > bound_s
+    assert decide(cluster(0), longest).local
+    assert not decide(cluster(0), longest + 1).local
+    assert not decide(cluster(0), 4000).local
 
 
 def test_a_long_prompt_the_decode_node_caches_is_prefilled_there() -> None:
@@ -147,7 +162,7 @@ def test_nothing_is_prefilled_locally_unless_both_sides_take_part() -> None:
 
 def test_a_sequence_predicted_done_since_the_heartbeat_pauses_nobody() -> None:
     view = cluster(1)
-    tokens = 4000
+    tokens = 1000  # computed within the idle node's bound, pausing a stream past its own
     assert not decide(view, tokens).local  # one sequence decoding: a hand-off is cheaper
     # The same node a second after a heartbeat that had its one sequence a token from its end.
     view.update(

@@ -11,6 +11,7 @@ from shared.engine.cache_exchange import CacheExchange
 from shared.engine.config import EngineConfig
 from shared.engine.host_cores import HostCores
 from shared.engine.kv_manager import KVCacheManager
+from shared.engine.request_checks import check_request_fits
 from shared.engine.runner import ModelRunner
 from shared.engine.scheduler import Scheduler, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -22,7 +23,7 @@ from shared.engine.types import (
     RequestOutput,
     StepTiming,
 )
-from shared.errors import InvalidRequestError, PromptTooLongError
+from shared.errors import InvalidRequestError
 from shared.kv.hashing import BlockHash, block_checksum, quota_key, root_hash
 from shared.kv.keeps import PINNED, PoolKeeps
 from shared.kv.pool import BlockPool
@@ -349,7 +350,7 @@ class LLMEngine:
             raise InvalidRequestError(
                 f"request id {request_id!r} is already in flight", "request_id"
             )
-        self._check_fits(prompt, params)
+        check_request_fits(prompt, params, self.runner.model.config.vocab_size, self.config)
         seq = Sequence(request_id, list(prompt), params, self._root(cache_salt))
         seq.quota_key = quota_key(cache_salt)
         seq.logits_processor = self._logits_processor(prompt, params)
@@ -370,28 +371,6 @@ class LLMEngine:
             matcher = self.grammars.matcher(params.grammar, generated)
         vocab = self.runner.model.config.vocab_size
         return SequenceLogitsProcessor(params, vocab, prompt, self.eos_token_ids, matcher)
-
-    def _check_fits(self, prompt: list[int], params: SamplingParams) -> None:
-        if not prompt:
-            raise InvalidRequestError("the prompt is empty", "prompt")
-        vocab = self.runner.model.config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
-        if any(t >= vocab for t, _ in params.logit_bias):
-            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})", "logit_bias")
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise InvalidRequestError(f"stop_token_ids must be in [0, {vocab})", "stop_token_ids")
-        if params.output_offset > len(prompt):
-            raise InvalidRequestError("output_offset exceeds the prompt", "output_offset")
-        if len(prompt) + params.max_tokens > self.config.max_model_len:
-            raise PromptTooLongError(len(prompt), params.max_tokens, self.config.max_model_len)
-        blocks = -(-(len(prompt) + params.max_tokens) // self.config.block_size)
-        if blocks > self.config.num_kv_blocks:
-            raise InvalidRequestError(
-                f"the request needs {blocks} KV blocks but this node has only "
-                f"{self.config.num_kv_blocks}",
-                "max_tokens",
-            )
 
     def _checksum(self, block_id: int) -> int:
         return block_checksum(self.runner.cache.block_buffer(block_id).data)

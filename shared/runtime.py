@@ -64,6 +64,9 @@ class StopWatchdog:
         self._timer: threading.Timer | None = None
 
     def arm(self) -> None:
+        """Starts the countdown; a second call (a second signal) leaves it running."""
+        if self._timer is not None:
+            return
         self._timer = threading.Timer(self.grace_s, self._expire)
         self._timer.daemon = True
         self._timer.start()

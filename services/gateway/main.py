@@ -34,7 +34,7 @@ from shared.heartbeat import heartbeat_loop
 from shared.liveness import Liveness
 from shared.model.files import resolve_model
 from shared.model.tokenizer import Tokenizer
-from shared.runtime import settle_heap, setup_logging
+from shared.runtime import STOP_CLOSE_S, StopWatchdog, settle_heap, setup_logging
 
 log = logging.getLogger("services.gateway")
 
@@ -161,9 +161,11 @@ async def serve(settings: GatewaySettings) -> None:
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
     )
     server = _Server(config)
+    # uvicorn bounds the HTTP drain; the watchdog bounds the whole stop, the bus's drain too.
+    watchdog = StopWatchdog("gateway", settings.drain_timeout_s + STOP_CLOSE_S)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _request_exit, server)
+        loop.add_signal_handler(sig, _request_exit, server, watchdog)
     settle_heap()
     try:
         await server.serve()
@@ -172,10 +174,11 @@ async def serve(settings: GatewaySettings) -> None:
         log.info("gateway stopped")
 
 
-def _request_exit(server: uvicorn.Server) -> None:
+def _request_exit(server: uvicorn.Server, watchdog: StopWatchdog) -> None:
     # A second signal skips the wait for in-flight requests.
     server.force_exit = server.should_exit
     server.should_exit = True
+    watchdog.arm()
 
 
 def main() -> None:

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from shared.runtime import StopWatchdog
+
 SERVICE = textwrap.dedent(
     """
     import asyncio, sys, threading
@@ -60,3 +62,13 @@ def test_a_stop_in_time_exits_cleanly() -> None:
     status, output = run_and_stop("clean")
     assert status == 0
     assert "did not stop" not in output
+
+
+def test_a_second_signal_leaves_the_countdown_running() -> None:
+    watchdog = StopWatchdog("watched", grace_s=3600.0)
+    watchdog.arm()
+    first = watchdog._timer
+    watchdog.arm()
+    assert watchdog._timer is first
+    assert first is not None
+    first.cancel()

@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.faults import Stack, collect_logs
-from crescent.bench.plots import sweep_plot
+from crescent.bench.plots import Sweep, sweep_plot
 
 READY_TIMEOUT_S = 600.0
 
@@ -118,14 +118,12 @@ def sweep_summaries(out: Path, levels: Sequence[int]) -> dict[str, dict[int, dic
     return sweep
 
 
-def sweep_table(out: Path, levels: Sequence[int]) -> str:
-    """One row per concurrency and figure: Crescent, llama-server and their ratio, from each
-    level's ``comparison.json``."""
+def sweep_table(sweep: Sweep) -> str:
+    """One row per concurrency and figure: Crescent, llama-server and their ratio."""
     lines = ["| concurrency | figure | Crescent | llama-server | Crescent / llama-server |"]
     lines.append("|---:|---|---:|---:|---:|")
-    for level in levels:
-        summaries = json.loads((out / f"c{level}" / "comparison.json").read_text())["summaries"]
-        ours, peer = summaries["crescent"], summaries["llama-server"]
+    for level in sorted(sweep["crescent"]):
+        ours, peer = sweep["crescent"][level], sweep["llama-server"][level]
         for key, label in SWEEP_FIGURES:
             a, b = ours[key], peer[key]
             ratio = f"{a / b:.2f}×" if b else "n/a"
@@ -175,9 +173,10 @@ def main() -> int:
             status = subprocess.call([*argv, "--concurrency", str(level), *seed])
             if status != 0:
                 return status
-        table = sweep_table(args.out, args.concurrency)
+        sweep = sweep_summaries(args.out, args.concurrency)
+        table = sweep_table(sweep)
         (args.out / "sweep.md").write_text(table + "\n")
-        sweep_plot(sweep_summaries(args.out, args.concurrency), args.out / "sweep.png")
+        sweep_plot(sweep, args.out / "sweep.png")
         print(table)
         print(f"plot: {args.out / 'sweep.png'}")
         return 0

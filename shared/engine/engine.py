@@ -227,7 +227,7 @@ class LLMEngine:
             self.stats.preemptions += len(plan.preempted)
             outputs = [self._fail(seq, error) for seq, error in failed.items()]
             outputs += [self._append(seq, token) for seq, token in sampled]
-            if self.cores is not None and not self.scheduler.has_work():
+            if self.cores is not None and not self.has_unfinished_requests():
                 self.cores.idle()
             return outputs
 

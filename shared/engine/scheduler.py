@@ -86,9 +86,8 @@ class Scheduler:
         self.running.append(seq)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        decoding = [s for s in self.running if s.num_tokens - s.num_computed_tokens <= 1]
-        prefilling = [s for s in self.running if s.num_tokens - s.num_computed_tokens > 1]
-        for seq in decoding + prefilling:
+        # A stable sort: decodes first, each group in the order it was admitted.
+        for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)

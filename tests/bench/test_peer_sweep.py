@@ -27,7 +27,7 @@ def write_level(out: Path, level: int, ours: float, peer: float) -> None:
 def test_the_table_gives_each_level_both_servers_and_their_ratio(tmp_path: Path) -> None:
     write_level(tmp_path, 1, ours=3.0, peer=2.0)
     write_level(tmp_path, 4, ours=1.0, peer=4.0)
-    rows = sweep_table(tmp_path, [1, 4]).splitlines()
+    rows = sweep_table(sweep_summaries(tmp_path, [1, 4])).splitlines()
     assert "| 1 | req/s | 3.00 | 2.00 | 1.50× |" in rows
     assert "| 4 | ITL p50 ms | 4.00 | 16.00 | 0.25× |" in rows
     assert "| 1 | ITL mean ms | 10.00 | 20.00 | 0.50× |" in rows

@@ -10,16 +10,21 @@ torch's, on the fp32 weights), which shows what the kernels add.
 The sides take turns within each workload, run after run, and each figure is the median of its
 side's runs: drift in a shared machine's speed then lands on every side alike.
 
-    .venv/bin/python bench/engine.py [--runs 5] [--steps 32]
+    .venv/bin/python bench/engine.py [--runs 5] [--steps 32] [--crescent-only] [--json FILE]
+
+``--crescent-only`` measures the served configuration alone (what ``bench/revisions.py``
+compares between two revisions); ``--json`` writes every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -136,13 +141,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=32)
+    parser.add_argument("--crescent-only", action="store_true", help="no other sides")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = parser.parse_args()
     console = Console()
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, fp32, CPU")
-    sides: list[Any] = [CrescentSide(), CrescentSide(cpu_kernels="off"), TransformersSide()]
+    sides: list[Any] = [CrescentSide()]
+    names = ["Crescent"]
+    if not args.crescent_only:
+        sides += [CrescentSide(cpu_kernels="off"), TransformersSide()]
+        names += ["kernels off", "transformers"]
     table = Table(title="Crescent engine vs transformers (SmolLM2-135M-Instruct Q4_1)")
-    for col in ("workload", "Crescent", "kernels off", "transformers", "ratio", "ratio, off"):
+    for col in ("workload", *names, *(("ratio", "ratio, off") if len(sides) == 3 else ())):
         table.add_column(col, justify="right")
+    figures: dict[str, dict[str, float]] = {}
     for n in PREFILL_LENGTHS:
         for side in sides:  # warm-up: first touches and kernel selection are not steady state
             side.prefill(n)
@@ -150,6 +162,7 @@ def main() -> None:
             [lambda side=side, n=n: seconds(lambda: side.prefill(n)) for side in sides], args.runs
         )
         rates = [n / t for t in times]
+        figures[f"prefill {n} tok (tok/s)"] = dict(zip(names, rates, strict=True))
         table.add_row(f"prefill {n} tok (tok/s)", *_figures(rates, "{:.0f}"))
     for batch in DECODE_BATCHES:
         rates = interleaved_medians(
@@ -159,11 +172,16 @@ def main() -> None:
             ],
             max(1, (args.runs + 1) // 2),
         )
+        figures[f"decode batch {batch} (tok/s)"] = dict(zip(names, rates, strict=True))
         table.add_row(f"decode batch {batch} (tok/s)", *_figures(rates, "{:.1f}"))
     console.print(table)
+    if args.json is not None:
+        args.json.write_text(json.dumps(figures, indent=1))
 
 
 def _figures(rates: list[float], fmt: str) -> list[str]:
+    if len(rates) == 1:
+        return [fmt.format(rates[0])]
     ours, off, theirs = rates
     return [
         fmt.format(ours),

@@ -141,6 +141,8 @@ class Outcome:
     started: float = 0.0
     arrivals: list[float] = field(default_factory=list)
     done: float | None = None
+    picked: list[str] = field(default_factory=list)  # each generated token, as its logprob names it
+    top: list[dict[str, float]] = field(default_factory=list)  # its two likeliest, logprobs
 
     @property
     def completed(self) -> bool:
@@ -162,13 +164,16 @@ async def stream(
         async with asyncio.timeout(deadline_s):
             chunks = await client.chat.completions.create(
                 model=model, messages=messages, max_tokens=max_tokens, temperature=0,
-                stream=True,
+                stream=True, logprobs=True, top_logprobs=2,
             )  # fmt: skip
             async for chunk in chunks:
                 for choice in chunk.choices:
                     if choice.delta.content:
                         out.text += choice.delta.content
                         out.arrivals.append(time.monotonic())
+                    for lp in (choice.logprobs.content or []) if choice.logprobs else []:
+                        out.picked.append(lp.token)
+                        out.top.append({t.token: t.logprob for t in lp.top_logprobs})
                     if choice.finish_reason:
                         out.finish_reason = choice.finish_reason
     except TimeoutError:
@@ -182,8 +187,9 @@ async def stream(
 @dataclass(frozen=True)
 class Tally:
     """A fault's cost as clients saw it: requests sent, completed and failed; tokens
-    duplicated and missing against the fault-free run; and the longest a stream waited for
-    its next token."""
+    duplicated and missing against the fault-free run; the longest a stream waited for its
+    next token; and ``ties``, the outputs that parted from the fault-free run's at a near tie
+    (``near_tie``), compared up to there."""
 
     fault: str
     sent: int
@@ -193,20 +199,52 @@ class Tally:
     missing: int
     recovery_s: float
     errors: tuple[str, ...] = ()
+    ties: int = 0
 
     @property
     def clean(self) -> bool:
         return self.completed == self.sent and self.duplicated == 0 and self.missing == 0
 
 
-def tally(fault: str, outcomes: Sequence[Outcome], expected: Sequence[str], tokens: Any) -> Tally:
+#: Two greedy candidates this close (in nats) are a tie that fp32 sums in another order can
+#: break either way: a request resumed on another node computes its generated tokens' KV as a
+#: prompt, and the fault-free run batches it with other requests, so neither sums exactly as
+#: the other did. A token lost, repeated or taken from another request lands this close to the
+#: top only by a coincidence far rarer than such a tie.
+TIE_NATS = 1e-3
+
+
+def near_tie(got: Outcome, want: Outcome) -> int | None:
+    """The first position where ``got`` and ``want`` chose different tokens, when each chose
+    the other's second candidate within ``TIE_NATS`` of its first; None otherwise."""
+    for i, (a, b) in enumerate(zip(got.picked, want.picked, strict=False)):
+        if a == b:
+            continue
+        if i >= len(got.top) or i >= len(want.top):
+            return None
+        theirs, ours = want.top[i], got.top[i]
+        if a not in theirs or b not in ours:
+            return None
+        close = abs(theirs[b] - theirs[a]) <= TIE_NATS and abs(ours[a] - ours[b]) <= TIE_NATS
+        return i if close else None
+    return None
+
+
+def tally(
+    fault: str, outcomes: Sequence[Outcome], expected: Sequence[Outcome], tokens: Any
+) -> Tally:
     """Compares each outcome's text with the fault-free run's, token by token (``tokens``
-    turns a text into token ids)."""
-    duplicated = missing = 0
-    for out, want in zip(outcomes, expected, strict=True):
+    turns a text into token ids); where the two part at a near tie, only the text before it."""
+    duplicated = missing = ties = 0
+    for out, ref in zip(outcomes, expected, strict=True):
         if out.error is not None:
             continue
-        got_ids, want_ids = tokens(out.text), tokens(want)
+        got, want = out.text, ref.text
+        tie = near_tie(out, ref) if got != want else None
+        if tie is not None:
+            ties += 1
+            got, want = "".join(out.picked[:tie]), "".join(ref.picked[:tie])
+        got_ids, want_ids = tokens(got), tokens(want)
         matcher = difflib.SequenceMatcher(a=want_ids, b=got_ids, autojunk=False)
         for op, a1, a2, b1, b2 in matcher.get_opcodes():
             if op in ("insert", "replace"):
@@ -224,4 +262,5 @@ def tally(fault: str, outcomes: Sequence[Outcome], expected: Sequence[str], toke
         missing=missing,
         recovery_s=max((o.longest_gap_s for o in outcomes), default=0.0),
         errors=errors,
+        ties=ties,
     )

@@ -3,8 +3,8 @@
 For each row count M, one pass multiplies an M-row input by every projection of the model in
 order (30 layers of q/k/v, o, gate/up, down, then the vocabulary head), as one forward step
 does, so the weights stream from memory as they do when serving. The kernels read the GGUF's
-4/8-bit blocks; torch multiplies the fp32 weights (`x @ W`, oneDNN-packed where the engine packs
-them). The figure is the best of several passes; the ratio is where `MAX_ROWS` comes from.
+blocks; torch multiplies fp32 copies of the same weights (`x @ W`). The figure is the best of
+several passes; the ratio is where `MAX_ROWS` comes from.
 
     .venv/bin/python bench/ggml_gemm.py [--rows 1 2 4 8 16 32 48 64] [--passes 10]
 """
@@ -42,24 +42,26 @@ def main() -> None:
     args = parser.parse_args()
     settings = EngineSettings(device="cpu")
     model = load_model(settings, resolve_model(settings.model, settings.cache_dir))
-    pairs = [(m, m.ggml) for m in model.modules() if isinstance(m, Linear) and m.ggml is not None]
-    if not pairs:
+    weights = [m.ggml for m in model.modules() if isinstance(m, Linear) and m.ggml is not None]
+    if not weights:
         raise SystemExit("the CPU kernels are not available on this machine (see the log)")
-    weight_mb = sum(w.packed.numel() for _, w in pairs) / 2**20
+    # torch multiplies fp32 copies, transposed as the projections kept them before.
+    pairs = [(w.dequantize().t().contiguous(), w) for w in weights]
+    weight_mb = sum(p.blocks.numel() for w in weights for p in w.parts) / 2**20
     table = Table(title=f"{len(pairs)} projections, one pass ({weight_mb:.0f} MB of blocks)")
     for col in ("rows", "kernels (ms)", "torch fp32 (ms)", "speed-up"):
         table.add_column(col, justify="right")
     with torch.inference_mode():
         for m in args.rows:
-            inputs = [torch.randn(m, lin.in_features) for lin, _ in pairs]
+            inputs = [torch.randn(m, w.in_features) for w in weights]
 
             def kernels(inputs: list[torch.Tensor] = inputs) -> None:
                 for (_, weight), x in zip(pairs, inputs, strict=True):
                     weight(x)
 
             def fp32(inputs: list[torch.Tensor] = inputs) -> None:
-                for (lin, _), x in zip(pairs, inputs, strict=True):
-                    lin.torch_matmul(x)
+                for (copy, _), x in zip(pairs, inputs, strict=True):
+                    x @ copy
 
             ours, theirs = best_pass_ms(kernels, args.passes), best_pass_ms(fp32, args.passes)
             table.add_row(str(m), f"{ours:.1f}", f"{theirs:.1f}", f"{theirs / ours:.2f}x")

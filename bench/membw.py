@@ -3,7 +3,7 @@
 A batch-1 decode step multiplies one row by every weight of the model, so it cannot take less
 than the bytes of weights it reads divided by the machine's memory bandwidth. This measures
 the bandwidth (reading a buffer far larger than the caches, with one thread and with every
-torch thread), the bytes the CPU kernels read per step (their packed weights), one pass of
+torch thread), the bytes the CPU kernels read per step (their weight blocks), one pass of
 every projection at one row, and the engine's own batch-1 decode step, and prints each
 against the floor.
 
@@ -49,7 +49,7 @@ def read_bandwidth(gib: float, threads: int, passes: int) -> float:
 
 
 def decode_step_s(steps: int) -> tuple[float, int, Callable[[], None] | None]:
-    """The engine's median batch-1 decode step, the packed weight bytes its kernels read, and
+    """The engine's median batch-1 decode step, the weight block bytes its kernels read, and
     one pass of those projections at one row (None without the kernels)."""
     engine = load_engine(EngineSettings()).engine
     params = SamplingParams(max_tokens=steps + 1, temperature=0.0, ignore_eos=True)
@@ -65,7 +65,7 @@ def decode_step_s(steps: int) -> tuple[float, int, Callable[[], None] | None]:
         times.append(time.perf_counter() - start)
     model = engine.runner.model
     packed = [m.ggml for m in model.modules() if isinstance(m, Linear) and m.ggml is not None]
-    weight_bytes = sum(w.packed.numel() * w.packed.element_size() for w in packed)
+    weight_bytes = sum(p.blocks.numel() for w in packed for p in w.parts)
     one_pass = None
     if packed:
         inputs = [torch.randn(1, w.in_features) for w in packed]

@@ -1,10 +1,11 @@
 """Crescent against llama.cpp's own server on the same GGUF, in one `crescent bench` run.
 
-Starts `crescent up` (defaults) and `llama-server` (4 slots, 2 threads, the model's whole
-context per slot), then replays a workload with ``crescent bench --compare`` against three
-targets in turns: Crescent with its cache, Crescent with every request's cache salted apart
-(nothing reused), and llama-server. Both servers stay up for the whole run; only one is loaded
-at a time, so each gets the machine's cores while it is measured.
+Starts `crescent up` (defaults, serving ``--gguf``) and `llama-server` (4 slots, 2 threads,
+8,192 tokens of context per slot) on the same file, then replays a workload with
+``crescent bench --compare`` against three targets in turns: Crescent with its cache, Crescent
+with every request's cache salted apart (nothing reused), and llama-server. Both servers stay
+up for the whole run; only one is loaded at a time, so each gets the machine's cores while it
+is measured.
 
 llama-server is not part of Crescent and is never committed; build it from the
 ``llama-cpp-python`` source package (docs/benchmarks.md, "The peer") and pass its path:
@@ -17,7 +18,9 @@ same workload runs once per concurrency (``<out>/c<N>/``, each level with prompt
 unless ``--seed`` is given), against the same two servers, and a table of every level's
 figures and ratios is printed at the end (and written to ``<out>/sweep.md``, with
 ``<out>/sweep.png`` plotting each figure against the concurrency); ``--no-cache-off`` leaves
-the salted Crescent target out.
+the salted Crescent target out. It also prints how long each server took to be ready and,
+after the load, the proportional memory (PSS) of the whole Crescent stack beside
+llama-server's.
 
     .venv/bin/python bench/peer.py --llama-server /path/to/llama-server --out runs/sweep \
         --concurrency 1 4 16 --no-cache-off -- --dataset random --input-len 512 \
@@ -86,6 +89,29 @@ def start_llama(
     raise SystemExit(f"llama-server was not ready in {READY_TIMEOUT_S:.0f} s; see {log}")
 
 
+def pss_mib(pids: Sequence[int]) -> float:
+    """The processes' proportional set size together (a page shared by n of them counts 1/n
+    to each, so pages they share count once), in MiB."""
+    total_kib = 0
+    for pid in pids:
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in rollup.splitlines():
+            if line.startswith("Pss:"):
+                total_kib += int(line.split()[1])
+    return total_kib / 1024
+
+
+def memory_line(stack: Stack, llama: subprocess.Popen[bytes]) -> str:
+    """Whole-stack PSS of Crescent (every process of `crescent up`) beside llama-server's,
+    measured after the load ran on both."""
+    ours = pss_mib([stack.proc.pid, *stack.children().values()])
+    theirs = pss_mib([llama.pid])
+    return f"PSS: crescent {ours:.0f} MiB, llama-server {theirs:.0f} MiB ({ours / theirs:.2f}x)"
+
+
 def bench_argv(
     out: Path, crescent: str, llama: str, extra: Sequence[str], cache_off: bool = True
 ) -> list[str]:
@@ -151,20 +177,27 @@ def main() -> int:
     extra = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
     gguf = args.gguf or default_gguf()
     work = Path(tempfile.mkdtemp(prefix="crescent-peer-"))
-    stack = Stack.start(work / "crescent", {}, (), READY_TIMEOUT_S)
+    started = time.monotonic()
+    stack = Stack.start(work / "crescent", {"CRESCENT_MODEL": str(gguf)}, (), READY_TIMEOUT_S)
+    crescent_load_s = time.monotonic() - started
     llama_port = _free_port()
     llama = None
     try:
+        started = time.monotonic()
         llama = start_llama(
             args.llama_server, gguf, llama_port, work / "llama-server.log", args.slots, args.threads
         )
+        llama_load_s = time.monotonic() - started
         print(f"crescent at {stack.base_url}, llama-server at :{llama_port} on {gguf.name}")
+        print(f"ready in: crescent {crescent_load_s:.1f} s, llama-server {llama_load_s:.1f} s")
         llama_url = f"http://127.0.0.1:{llama_port}/v1"
         cache_off = not args.no_cache_off
         if not args.concurrency:
-            return subprocess.call(
+            status = subprocess.call(
                 bench_argv(args.out, stack.base_url, llama_url, extra, cache_off)
             )
+            print(memory_line(stack, llama))
+            return status
         for level in args.concurrency:
             out = args.out / f"c{level}"
             argv = bench_argv(out, stack.base_url, llama_url, extra, cache_off)
@@ -173,6 +206,7 @@ def main() -> int:
             status = subprocess.call([*argv, "--concurrency", str(level), *seed])
             if status != 0:
                 return status
+        print(memory_line(stack, llama))
         sweep = sweep_summaries(args.out, args.concurrency)
         table = sweep_table(sweep)
         (args.out / "sweep.md").write_text(table + "\n")

@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="always",
         help="start a service again when it exits (always) or stop the stack (never)",
     )
+    p.add_argument(
+        "--model",
+        help="a GGUF file or a Hugging Face model folder (default: CRESCENT_MODEL, else SmolLM2)",
+    )
     p.add_argument("--data-dir", type=Path, default=None, help="logs, catalogue and secrets")
     p.add_argument(
         "--with-s3",
@@ -63,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Marks every process of this stack, so operators (and tests) can find them all.
         env = dict(os.environ) | {"CRESCENT_UP_ID": uuid.uuid4().hex}
+        if args.model:
+            env["CRESCENT_MODEL"] = str(Path(args.model).expanduser().resolve())
+        # First, so a model Crescent cannot serve is refused before anything starts.
+        model_name = _prepare_model(env.get("CRESCENT_MODEL"))
         secrets = up_secrets.secrets_dir(data_dir)
         up_secrets.apply_defaults(env, secrets)
         up_tierd.apply_host_defaults(env, data_dir)
@@ -88,7 +96,6 @@ def run(args: argparse.Namespace) -> int:
             cachemeta, target = _start_cachemeta(data_dir, env | token, metrics["cachemeta"])
             children.insert(0, cachemeta)
             env["CRESCENT_CACHEMETA_URL"] = target
-        model_name = _prepare_model()
         metrics["tierd"] = tierd_metrics = _free_port()
         tierd = up_tierd.start_tierd(env, roles.get("tierd", {}), data_dir / "logs", tierd_metrics)
         children.insert(0, tierd)
@@ -230,14 +237,14 @@ def _start_cachemeta(
     return child, f"127.0.0.1:{port}"
 
 
-def _prepare_model() -> str:
-    """Converts the model once here, so the nodes do not all convert it at the same time.
-    Returns the name clients use for it."""
+def _prepare_model(model: str | None) -> str:
+    """Checks and converts the model once here, so the nodes do not all convert it at the
+    same time. Returns the name clients use for it."""
     from shared.config import EngineSettings
     from shared.errors import CrescentError
     from shared.model.files import resolve_model
 
-    settings = EngineSettings()
+    settings = EngineSettings(model=model) if model else EngineSettings()
     try:
         files = resolve_model(settings.model, settings.cache_dir)
     except CrescentError as exc:

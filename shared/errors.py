@@ -11,6 +11,11 @@ class ModelNotFoundError(CrescentError):
     """The model file or directory does not exist or is not a model Crescent can load."""
 
 
+class UnsupportedModelError(ModelNotFoundError):
+    """The model exists, but its architecture or a setting of its config is one Crescent does
+    not implement; the message names it (and, for architectures, lists the supported ones)."""
+
+
 class InvalidRequestError(CrescentError):
     """A request or parameter is out of range; ``param`` names the offending field."""
 

@@ -15,11 +15,10 @@ from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_model
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout
+from shared.model.decoder import DecoderForCausalLM
 from shared.model.files import ModelFiles, default_model_file, resolve_model
 from shared.model.grammar import Grammars
 from shared.model.kv_cache import PagedKVCache
-from shared.model.llama import LlamaForCausalLM, build_model
-from shared.model.loader import load_state_dict
 from shared.model.tokenizer import Tokenizer
 
 # The oracle must never try to reach the hub.
@@ -69,16 +68,16 @@ def hf_model() -> Any:
 
 
 @pytest.fixture(scope="session")
-def model(model_files: ModelFiles, cache_dir: Path) -> LlamaForCausalLM:
+def model(model_files: ModelFiles, cache_dir: Path) -> DecoderForCausalLM:
     """The real model as the services load it (with the CPU kernels where this machine can
     build them), loaded once per test session and shared by every engine."""
     return load_model(EngineSettings(cache_dir=cache_dir, device="cpu"), model_files)
 
 
 @pytest.fixture(scope="session")
-def torch_only_model(model_files: ModelFiles) -> LlamaForCausalLM:
+def torch_only_model(model_files: ModelFiles) -> DecoderForCausalLM:
     """The real model with every matmul torch's: the fallback where the kernels are off."""
-    return build_model(model_files.config, load_state_dict(model_files))
+    return load_model(EngineSettings(cpu_kernels="off", device="cpu"), model_files)
 
 
 RealEngineFactory = Callable[..., LLMEngine]
@@ -93,12 +92,12 @@ def grammars(tokenizer: Tokenizer, model_files: ModelFiles) -> Grammars:
 
 @pytest.fixture(scope="session")
 def make_real_engine(
-    model: LlamaForCausalLM, model_files: ModelFiles, grammars: Grammars
+    model: DecoderForCausalLM, model_files: ModelFiles, grammars: Grammars
 ) -> RealEngineFactory:
     """A fresh engine (its own empty KV pool and prefix cache) around the shared model."""
 
     def make(
-        *, with_model: LlamaForCausalLM | None = None, fused_decode: bool = True, **overrides: Any
+        *, with_model: DecoderForCausalLM | None = None, fused_decode: bool = True, **overrides: Any
     ) -> LLMEngine:
         settings: dict[str, Any] = {
             "num_kv_blocks": 160,

@@ -9,6 +9,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.gateway.auth import parse_api_keys, parse_key_file
+from services.gateway.tool_syntax import ParserSetting
 from shared.model.files import default_cache_dir
 from shared.nats_auth import NatsAuthSettings
 from shared.secrets import refused
@@ -80,6 +81,11 @@ class GatewaySettings(NatsAuthSettings):
     )
     max_resumes: int = Field(
         default=4, ge=0, description="How often one request may move to another node"
+    )
+    tool_call_parser: ParserSetting = Field(
+        default="auto",
+        description="Tool call syntax in prompts and answers; auto: the chat template's own "
+        "(crescent where it has none)",
     )
 
     _tenants: dict[bytes, str] = PrivateAttr(default_factory=dict)

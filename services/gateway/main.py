@@ -68,8 +68,9 @@ class GatewayService:
         builder = RequestBuilder(
             tokenizer,
             s.served_model_name or files.config.model_id,
-            s.max_model_len or files.config.max_position_embeddings,
+            s.max_model_len or files.config.context_length,
             s.max_n,
+            s.tool_call_parser,
         )
         builder.grammars  # noqa: B018 - built now, not on the first structured request
         recovery = RecoveryPolicy(stall_timeout_s=s.stall_timeout_s, max_resumes=s.max_resumes)

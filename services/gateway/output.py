@@ -136,7 +136,12 @@ class ChoiceAssembler:
         if token_id in options.stop_token_ids and not options.include_stop_str_in_output:
             self._check_end(delta)  # a stop token ends the choice; its text is not output
             return
-        self._scan(self._detok.push([token_id]), delta)
+        kept = options.kept_tokens.get(token_id)
+        if kept is not None:
+            # A tool syntax's marker: the detokenizer drops special tokens, its reader needs it.
+            self._scan(self._detok.flush() + kept, delta)
+        else:
+            self._scan(self._detok.push([token_id]), delta)
         self._check_end(delta)
 
     def _check_end(self, delta: Delta) -> None:

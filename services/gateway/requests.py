@@ -6,10 +6,11 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import cached_property
 
-from services.gateway import errors, tools
+from services.gateway import errors, tool_syntax, tools
 from services.gateway.sampling import sampling_spec
 from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Tool
 from services.gateway.structured import requested_grammar
@@ -19,7 +20,7 @@ from services.gateway.validation import (
     reject_unsupported,
     stop_strings,
 )
-from shared.errors import InvalidRequestError, PromptTooLongError
+from shared.errors import PromptTooLongError
 from shared.messages import GenerateRequest
 from shared.model.grammar import Grammars
 from shared.model.tokenizer import Tokenizer
@@ -42,6 +43,8 @@ class OutputOptions:
     logprobs: int | None = None
     min_tokens: int = 0  # stop strings count only from this many tokens on
     stop_token_ids: frozenset[int] = frozenset()  # their text is left out unless included
+    # Special tokens output as their text: the tool syntax's markers, which its reader needs.
+    kept_tokens: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +73,8 @@ class PreparedRequest:
     options: OutputOptions
     stream: bool
     include_usage: bool
-    parse_tool_calls: bool = False  # the answer is read for calls in the default tool format
+    parse_tool_calls: bool = False  # the answer is read for calls, in ``tool_syntax``
+    tool_syntax: tool_syntax.ToolSyntax = tool_syntax.CRESCENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,15 +89,25 @@ class _Common:
 class RequestBuilder:
     """Validates OpenAI bodies and turns them into ``PreparedRequest``s for one served model.
 
-    Owns the tokenizer, the served name and the limits. Invariant: it never returns a request
-    that would exceed ``max_model_len`` or carry out-of-range sampling values.
+    Owns the tokenizer, the served name, the limits and the tool syntax (``tool_parser``: a
+    name, or ``auto``: the template's). Invariant: it never returns a request that would
+    exceed ``max_model_len`` or carry out-of-range sampling values.
     """
 
-    def __init__(self, tokenizer: Tokenizer, model_name: str, max_model_len: int, max_n: int):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        model_name: str,
+        max_model_len: int,
+        max_n: int,
+        tool_parser: str = "auto",
+    ):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.max_n = max_n
+        self.tool_syntax = tool_syntax.resolve(tool_parser, tokenizer.chat_template)
+        self.tool_markers = tools.special_markers(self.tool_syntax, tokenizer)
 
     @cached_property
     def grammars(self) -> Grammars:
@@ -106,7 +120,8 @@ class RequestBuilder:
         reject_unsupported(body, CHAT_UNSUPPORTED)
         common = self._common(body)
         logprobs = self._chat_logprobs(body.logprobs, body.top_logprobs)
-        plan = tools.plan(body.tools, body.tool_choice, body.parallel_tool_calls)
+        choice, syntax = body.tool_choice, self.tool_syntax
+        plan = tools.plan(body.tools, choice, body.parallel_tool_calls, syntax, self.tool_markers)
         grammar = self._grammar(body)
         if plan.grammar and grammar:
             raise errors.invalid(
@@ -123,7 +138,10 @@ class RequestBuilder:
         prepared = self._prepare(
             "chatcmpl", "chat", body, tenant, common, sized, logprobs, plan.grammar or grammar
         )
-        return dataclasses.replace(prepared, parse_tool_calls=plan.parse_calls)
+        options = dataclasses.replace(prepared.options, kept_tokens=plan.kept_tokens)
+        return dataclasses.replace(
+            prepared, parse_tool_calls=plan.parse_calls, tool_syntax=syntax, options=options
+        )
 
     def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> str:
         asked = requested_grammar(body, self.grammars)
@@ -185,15 +203,9 @@ class RequestBuilder:
         add_generation_prompt: bool = True,
         tool_list: list[Tool] | None = None,
     ) -> tuple[int, ...]:
-        """Token ids of the conversation as the chat template renders it, with ``tool_list``
-        described in Crescent's default tool format (``tools``)."""
-        chat = tools.conversation(messages, tool_list, show_tools=bool(tool_list))
-        if not chat:
-            raise errors.invalid("messages must be a non-empty list", "messages")
-        try:
-            return tuple(self.tokenizer.apply_chat_template(chat, add_generation_prompt))
-        except InvalidRequestError as exc:
-            raise errors.from_invalid(exc) from exc
+        """Token ids of the chat as its template renders it, tools included (``tools.render``)."""
+        syntax = self.tool_syntax
+        return tools.render(self.tokenizer, messages, add_generation_prompt, tool_list, syntax)
 
     def _prompts(self, prompt: PromptInput) -> list[tuple[int, ...]]:
         items: list[str | list[int]]

@@ -133,7 +133,9 @@ class ResponseShapes:
         self.body = body
         self.id = _item_id("resp")
         self.created_at = request.created
-        self.output = OutputItems(request.parse_tool_calls)
+        self.output = OutputItems(
+            request.parse_tool_calls, _parser=ToolCallParser(request.tool_syntax)
+        )
         self._sequence = 0
 
     def response(self, choices: Sequence[ChoiceAssembler]) -> dict[str, Any]:

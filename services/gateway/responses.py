@@ -91,8 +91,9 @@ class Shapes:
         self.chat = request.kind == "chat"
         self._top = request.options.logprobs or 0
         # One per choice when the answers are read for tool calls, fed as they stream.
+        syntax = request.tool_syntax
         self._parsers = (
-            [ToolCallParser() for _ in request.choices] if request.parse_tool_calls else []
+            [ToolCallParser(syntax) for _ in request.choices] if request.parse_tool_calls else []
         )
 
     def _envelope(self, object_: str) -> dict[str, Any]:
@@ -121,7 +122,7 @@ class Shapes:
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": choice.text, "refusal": None}
             if self._parsers:
-                content, calls = parse_all(choice.text)
+                content, calls = parse_all(choice.text, self.request.tool_syntax)
                 if calls:
                     message["content"] = content
                     message["tool_calls"] = [_call(i, n, a) for i, n, a in calls]

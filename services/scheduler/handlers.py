@@ -54,11 +54,11 @@ class SchedulerHandlers:
     Invariants: a placement is recorded in the view in the same event-loop step that computes
     it (nothing is awaited in between), so requests placed concurrently each see the ones
     before; a request is answered accepted only after a prefill node acknowledged it, and a
-    node that refused or did not answer is never tried twice for it. The prompts a decode node
-    was given to prefill in the last seconds count as cached there (``RecentPlacements``: the
-    catalogue lists them only once the node has synced, and a prefill node would compute them
-    again meanwhile). A tierd is in the view as
-    a source of pulls only (placement takes only prefill and decode nodes as targets). A
+    node that refused or did not answer is never tried twice for it. The prompts a node was
+    given to prefill in the last seconds count as cached there (``RecentPlacements``: the
+    catalogue lists them only once the node has synced, and the same prompt asked again
+    meanwhile would be computed again elsewhere). A tierd is in the view as a source of pulls
+    only (placement takes only prefill and decode nodes as targets). A
     prefetch is a hint: it goes out before the task (so the move overlaps the queue wait), at
     most once per request, and its failure never fails the request.
     """
@@ -212,9 +212,8 @@ class SchedulerHandlers:
                 tracing.record("placement", tracing.current(), placed_s, ago_s=offer_s)
                 self.metrics.placed(decision, ask)
                 self.lookup.touch(hashes[: _matched(holders)])
-                if decision.local:
-                    ready_in_s = decision.predicted_ttft_s
-                    self.recent.record(hashes, decision.prefill_node, time.monotonic(), ready_in_s)
+                ready_in_s = decision.predicted_ttft_s
+                self.recent.record(hashes, decision.prefill_node, time.monotonic(), ready_in_s)
                 return SubmitReply(
                     accepted=True,
                     prefill_node=decision.prefill_node,

@@ -1,14 +1,14 @@
 """Where the scheduler has just placed prompts, until the catalogue knows it.
 
 A node tells cachemeta of the blocks it cached a sync round after computing them (every
-200 ms or so), so a prompt asked again right after it was placed is looked up before its
-blocks are listed. Placing it then as if nothing were cached sends it to whichever node is
-cheapest from scratch, and when that is not the node that just computed it, it is computed
-again: with conditional disaggregation, a prompt a decode node prefilled would next go to a
-prefill node as soon as the decode node looks busier. The placements themselves say where
-those blocks are going to be: this remembers, for a few seconds, the leading block hashes of
-each prompt placed (the scheduler records those prefilled on decode nodes) and the node
-prefilling it, and answers as cachemeta would. Pure: no I/O.
+200 ms or so; later on a loaded host), so a prompt asked again right after it was placed
+may be looked up before its blocks are listed. Placing it then as if nothing were cached sends
+it to whichever node is cheapest from scratch, and when that is not the node that just
+computed it, it is computed again (with two prefill nodes, whenever the one that computed it
+looks busier; with conditional disaggregation, whenever a decode node that prefilled it does).
+The placements themselves say where those blocks are going to be: this remembers, for a few
+seconds, the leading block hashes of each prompt placed and the node prefilling it, and
+answers as cachemeta would. Pure: no I/O.
 """
 
 from __future__ import annotations

@@ -12,8 +12,9 @@ from shared.engine.config import EngineConfig
 from shared.engine.host_cores import HostCores
 from shared.engine.kv_manager import KVCacheManager
 from shared.engine.request_checks import check_request_fits
+from shared.engine.rope_scopes import RopeScopes
 from shared.engine.runner import ModelRunner
-from shared.engine.scheduler import Scheduler, SchedulerOutput
+from shared.engine.scheduler import RopeRestart, Scheduler, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
 from shared.engine.threads import set_step_threads
 from shared.engine.types import (
@@ -57,7 +58,12 @@ class LLMEngine:
         self.kv = KVCacheManager(
             self.pool, config.block_size, config.enable_prefix_caching, runner.cache.copy_block
         )
-        self.scheduler = Scheduler(self.kv, config.max_num_seqs, config.max_num_batched_tokens)
+        self._rope_scopes = RopeScopes(runner.model.config, self._root)
+        restart_at = runner.model.config.rope_restart_length
+        restart = None if restart_at is None else RopeRestart(restart_at, self._rope_scopes.rescope)
+        self.scheduler = Scheduler(
+            self.kv, config.max_num_seqs, config.max_num_batched_tokens, restart
+        )
         # The prompt blocks requests asked to keep (``SamplingParams.keep``).
         self.keeps = PoolKeeps(self.pool)
         self.exchange = CacheExchange(
@@ -351,7 +357,8 @@ class LLMEngine:
                 f"request id {request_id!r} is already in flight", "request_id"
             )
         check_request_fits(prompt, params, self.runner.model.config.vocab_size, self.config)
-        seq = Sequence(request_id, list(prompt), params, self._root(cache_salt))
+        seq = Sequence(request_id, list(prompt), params, b"")
+        self._rope_scopes.assign(seq, cache_salt, params.output_offset)
         seq.quota_key = quota_key(cache_salt)
         seq.logits_processor = self._logits_processor(prompt, params)
         return seq

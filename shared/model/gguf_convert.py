@@ -1,10 +1,15 @@
 """One-time conversion of a llama.cpp GGUF file into a Hugging Face style model folder.
 
-The serving path never reads GGUF directly: dequantizing every start would cost seconds, while
-the converted fp32 safetensors folder loads in about one. Weights quantized in a format the CPU
-kernels read (Q4_0, Q4_1, Q8_0) are also kept as their raw blocks in ``ggml/blocks.safetensors``.
-``transformers`` is imported here only, and only to turn the GGUF vocabulary into
-``tokenizer.json``.
+The folder holds the model's config.json (``gguf_arch`` builds it per architecture), its
+tokenizer, and an fp32 safetensors copy of only those weights the model cannot read from the
+GGUF file in place, under transformers' names and layouts, with every change llama.cpp's
+converter made undone (q/k row order for llama, experts stacked into one tensor, Gemma's norms
+stored as ``1 + w``): the norms and biases, experts, and any tensor of a type the CPU kernels
+do not read. Every other weight (the embeddings and the projections, whatever their ggml type)
+is listed in ``ggml/mapped.json`` and read from the file's own pages at load
+(``gguf_mapped``). ``dequantize_all`` writes every weight in fp32 instead: the folder
+transformers reads. ``transformers`` is imported here only, and only to turn the GGUF
+vocabulary into ``tokenizer.json``.
 """
 
 from __future__ import annotations
@@ -20,137 +25,194 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from shared.errors import ModelNotFoundError
+from shared.errors import ModelNotFoundError, UnsupportedModelError
 from shared.model.config import ModelConfig
-from shared.model.files import GGML_BLOCKS_FILE, MODEL_ID_KEY, is_gguf_file
-from shared.model.quantized import GGML_TYPES
+from shared.model.files import MODEL_ID_KEY, is_gguf_file
+from shared.model.gguf_arch import ARCHS, GLOBAL_NAMES, ArchSpec, Experts, hf_config
+from shared.model.gguf_mapped import MappedEntry, is_mappable, write_plan
+from shared.model.gguf_meta import GgufMeta
+from shared.model.gguf_rope import ROPE_TENSORS
 
-# Extra key in config.json so the cached folder remembers the GGUF's name without reopening it.
-
-_LAYER_TENSORS = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_GLOBAL_TENSORS = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.weight$")
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_EXPERT_KINDS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """The Hugging Face parameter name of a llama.cpp tensor name."""
+def hf_tensor_name(gguf_name: str, spec: ArchSpec | None = None) -> str:
+    """The Hugging Face name of a llama.cpp tensor that maps to exactly one tensor (Llama's
+    names unless ``spec`` says another architecture)."""
+    spec = spec or ARCHS["llama"]
     match = _LAYER_RE.match(gguf_name)
     if match is not None:
-        layer, kind = match.groups()
-        if kind in _LAYER_TENSORS:
-            return f"model.layers.{layer}.{_LAYER_TENSORS[kind]}.weight"
-    elif gguf_name.endswith(".weight") and gguf_name[: -len(".weight")] in _GLOBAL_TENSORS:
-        return f"{_GLOBAL_TENSORS[gguf_name[: -len('.weight')]]}.weight"
-    raise ModelNotFoundError(f"GGUF tensor {gguf_name!r} is not part of a supported Llama model")
-
-
-def unpermute_rope(weight: np.ndarray, n_head: int) -> np.ndarray:
-    """Undoes llama.cpp's reordering of q/k rows (interleaved RoPE pairs -> rotate-half halves)."""
-    half_dim = weight.shape[0] // n_head // 2
-    return weight.reshape(n_head, half_dim, 2, -1).swapaxes(2, 1).reshape(weight.shape[0], -1)
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
-
-
-def config_from_gguf(reader: Any, source: Path) -> ModelConfig:
-    """Builds the model architecture from the ``llama.*`` and ``tokenizer.ggml.*`` metadata."""
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ModelNotFoundError(f"{source}: GGUF architecture {arch!r} is not supported")
-    hidden = int(_field(reader, "llama.embedding_length"))
-    heads = int(_field(reader, "llama.attention.head_count"))
-    tokens = _field(reader, "tokenizer.ggml.tokens")
-    vocab = _field(reader, "llama.vocab_size") or (len(tokens) if tokens else None)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
-    names = {t.name for t in reader.tensors}
-    return ModelConfig(
-        # The file name says which weights and quantization these are; general.name is a
-        # free-form training label that often does not.
-        model_id=source.stem,
-        vocab_size=int(vocab if vocab is not None else _embedding_rows(reader)),
-        hidden_size=hidden,
-        intermediate_size=int(_field(reader, "llama.feed_forward_length")),
-        num_layers=int(_field(reader, "llama.block_count")),
-        num_heads=heads,
-        num_kv_heads=int(_field(reader, "llama.attention.head_count_kv", heads)),
-        head_dim=int(_field(reader, "llama.attention.key_length", hidden // heads)),
-        max_position_embeddings=int(_field(reader, "llama.context_length", 2048)),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        rms_norm_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        tie_word_embeddings="output.weight" not in names,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_ids=() if eos is None else (int(eos),),
+        layer, kind, suffix = match.groups()
+        if kind in spec.layer_names:
+            return f"model.layers.{layer}.{spec.layer_names[kind]}.{suffix}"
+    else:
+        base, _, suffix = gguf_name.rpartition(".")
+        if base in GLOBAL_NAMES and suffix == "weight":
+            return f"{GLOBAL_NAMES[base]}.weight"
+    raise UnsupportedModelError(
+        f"GGUF tensor {gguf_name!r} is not part of a supported {spec.name} model"
     )
 
 
-def _embedding_rows(reader: Any) -> int:
-    for tensor in reader.tensors:
-        if tensor.name == "token_embd.weight":
-            return int(tensor.shape[-1])
-    raise ModelNotFoundError("GGUF file has no token_embd.weight tensor")
+def unpermute_rope(weight: np.ndarray, n_head: int) -> np.ndarray:
+    """Undoes llama.cpp's reordering of q/k rows (interleaved RoPE pairs -> rotate-half halves).
+
+    Works on weights ``[rows, cols]`` and on biases ``[rows]`` alike.
+    """
+    rows = weight.shape[0]
+    half_dim = rows // n_head // 2
+    moved = weight.reshape(n_head, half_dim, 2, -1).swapaxes(2, 1)
+    return moved.reshape(weight.shape)
 
 
-def iter_hf_tensors(reader: Any, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """Dequantized fp32 weights under Hugging Face names, q/k back in Hugging Face row order."""
+class _Converter:
+    """Turns the tensors of one GGUF file into the Hugging Face tensors they were made from."""
+
+    def __init__(self, meta: GgufMeta, spec: ArchSpec, config: dict[str, Any]) -> None:
+        self.meta = meta
+        self.spec = spec
+        self.config = config
+        self.experts: Experts | None = spec.experts(config)
+
+    def check_names(self) -> None:
+        """Refuses, before any work, a tensor no rule below knows."""
+        for name in self.meta.tensors:
+            self.route(name)
+
+    def route(self, name: str) -> str:
+        """How tensor ``name`` is converted: "skip", "global", "layer", "qkv" or "experts"."""
+        if name in ROPE_TENSORS:
+            return "skip"  # folded into rope_parameters
+        match = _LAYER_RE.match(name)
+        if match is None:
+            if name == "output.weight" and self.config["tie_word_embeddings"]:
+                return "skip"  # Gemma 2: llama.cpp reads the head from token_embd
+            hf_tensor_name(name, self.spec)
+            return "global"
+        kind = match.group(2)
+        if self.experts is not None and kind in _EXPERT_KINDS:
+            return "experts"
+        if kind == "attn_qkv" and kind not in self.spec.layer_names:
+            return "qkv"  # fused by the converter's --fuse-qkv
+        hf_tensor_name(name, self.spec)
+        return "layer"
+
+    def convert(self, name: str, array: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:
+        """The Hugging Face tensors of GGUF tensor ``name`` (``array`` in torch order)."""
+        how = self.route(name)
+        if how == "skip":
+            return
+        match = _LAYER_RE.match(name)
+        if how == "global" or match is None:
+            yield self.finish(hf_tensor_name(name, self.spec), name, array)
+            return
+        layer, kind, suffix = match.groups()
+        prefix = f"model.layers.{layer}."
+        if how == "qkv":
+            yield from self._split_qkv(layer, suffix, array)
+        elif how == "experts":
+            yield from self._split_experts(prefix, kind, suffix, array)
+        else:
+            yield self.finish(hf_tensor_name(name, self.spec), name, array)
+
+    def rope_heads(self, gguf_name: str) -> int:
+        """The heads whose rows llama.cpp interleaved in this tensor (Q and K of a llama file);
+        0 when its rows are in Hugging Face order."""
+        kind = gguf_name.split(".")[-2]
+        if not self.spec.permute_qk or kind not in ("attn_q", "attn_k"):
+            return 0
+        key = "num_attention_heads" if kind == "attn_q" else "num_key_value_heads"
+        return int(self.config[key])
+
+    def finish(self, hf_name: str, gguf_name: str, array: np.ndarray) -> tuple[str, np.ndarray]:
+        heads = self.rope_heads(gguf_name)
+        if heads:
+            array = unpermute_rope(array, heads)
+        if self.spec.norm_offset and hf_name.endswith("norm.weight"):
+            # Gemma scales by (1 + w) and stores w; llama.cpp's converter stored 1 + w. For
+            # values in [0.5, 2] the subtraction is exact, so w comes back as it was stored.
+            array = array - np.float32(self.spec.norm_offset)
+        return hf_name, array
+
+    def _split_qkv(
+        self, layer: str, suffix: str, array: np.ndarray
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        head_dim = self.config["head_dim"]
+        q = self.config["num_attention_heads"] * head_dim
+        kv = self.config["num_key_value_heads"] * head_dim
+        if array.shape[0] != q + 2 * kv:
+            raise UnsupportedModelError(
+                f"{self.meta.source}: blk.{layer}.attn_qkv has {array.shape[0]} rows"
+            )
+        parts = {"attn_q": array[:q], "attn_k": array[q : q + kv], "attn_v": array[q + kv :]}
+        for kind, part in parts.items():
+            name = f"blk.{layer}.{kind}.{suffix}"
+            yield self.finish(hf_tensor_name(name, self.spec), name, part)
+
+    def _split_experts(
+        self, prefix: str, kind: str, suffix: str, array: np.ndarray
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        experts = self.experts
+        assert experts is not None
+        if kind == "ffn_gate_inp":
+            yield f"{prefix}{experts.router}.{suffix}", array
+            return
+        # [experts, out, in]: one transformers tensor per expert.
+        pattern = {"ffn_gate_exps": experts.gate, "ffn_up_exps": experts.up}.get(kind, experts.down)
+        for e in range(array.shape[0]):
+            yield f"{prefix}{pattern.format(e=e)}.{suffix}", array[e]
+
+
+def read_gguf(source: Path) -> tuple[GgufMeta, ArchSpec, dict[str, Any]]:
+    """The file's metadata, architecture and transformers config dict; refuses anything
+    Crescent does not read (architecture, metadata, tensor) by name."""
+    from gguf import GGUFReader
+
+    if not is_gguf_file(source):
+        raise ModelNotFoundError(f"{source} is not a GGUF file")
+    meta = GgufMeta(GGUFReader(source), source)
+    spec, config = hf_config(meta)
+    _Converter(meta, spec, config).check_names()
+    return meta, spec, config
+
+
+def config_from_gguf(source: Path) -> ModelConfig:
+    """The model architecture a GGUF file describes, as Crescent reads it."""
+    _, _, config = read_gguf(source)
+    return ModelConfig.from_hf_dict(config, model_id=source.stem)
+
+
+def iter_hf_tensors(
+    meta: GgufMeta, spec: ArchSpec, config: dict[str, Any], skip: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Dequantized fp32 weights under Hugging Face names and in Hugging Face layouts, but for
+    the GGUF tensors named in ``skip``."""
     from gguf.quants import dequantize
 
-    for tensor in reader.tensors:
-        name = hf_tensor_name(tensor.name)
-        # GGUF lists dimensions fastest-first; torch wants them slowest-first.
-        shape = tuple(int(d) for d in reversed(tensor.shape))
-        array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
-        if name.endswith("q_proj.weight"):
-            array = unpermute_rope(array, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            array = unpermute_rope(array, config.num_kv_heads)
-        yield name, torch.from_numpy(np.ascontiguousarray(array))
-
-
-def iter_ggml_blocks(reader: Any, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor, int]]:
-    """The raw blocks ``[rows, bytes]`` and ggml type of every projection stored in a type the
-    CPU kernels read, under Hugging Face names, q/k rows in Hugging Face order."""
-    for tensor in reader.tensors:
-        qtype = int(tensor.tensor_type)
-        if qtype not in GGML_TYPES or len(tensor.shape) != 2:
+    converter = _Converter(meta, spec, config)
+    for tensor in meta.reader.tensors:
+        if tensor.name in skip:
             continue
-        name = hf_tensor_name(tensor.name)
-        blocks = np.asarray(tensor.data)
-        # A block never spans two rows, so reordering q/k rows moves whole blocks.
-        if name.endswith("q_proj.weight"):
-            blocks = unpermute_rope(blocks, config.num_heads)
-        elif name.endswith("k_proj.weight"):
-            blocks = unpermute_rope(blocks, config.num_kv_heads)
-        yield name, torch.from_numpy(np.array(blocks, dtype=np.uint8)), qtype
+        shape = meta.tensors[tensor.name]
+        array = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
+        for name, out in converter.convert(tensor.name, array):
+            yield name, torch.from_numpy(np.ascontiguousarray(out))
 
 
-def _write_ggml_blocks(reader: Any, config: ModelConfig, out_dir: Path) -> None:
-    blocks: dict[str, torch.Tensor] = {}
-    types: dict[str, str] = {}
-    for name, tensor, qtype in iter_ggml_blocks(reader, config):
-        blocks[name] = tensor
-        types[name] = str(qtype)
-    if blocks:
-        path = out_dir / GGML_BLOCKS_FILE
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_file(blocks, str(path), metadata=types)
+def mapping_plan(meta: GgufMeta, spec: ArchSpec, config: dict[str, Any]) -> dict[str, MappedEntry]:
+    """The weights read from the file in place (``gguf_mapped``), by Hugging Face name."""
+    converter = _Converter(meta, spec, config)
+    plan: dict[str, MappedEntry] = {}
+    for tensor in meta.reader.tensors:
+        shape = tuple(int(d) for d in meta.tensors[tensor.name])
+        if not is_mappable(int(tensor.tensor_type), shape):
+            continue
+        if converter.route(tensor.name) not in ("global", "layer"):
+            continue
+        heads = converter.rope_heads(tensor.name)
+        plan[hf_tensor_name(tensor.name, spec)] = MappedEntry(tensor.name, heads)
+    return plan
 
 
 def _write_tokenizer(source: Path, out_dir: Path, template: str | None) -> None:
@@ -167,24 +229,29 @@ def _write_tokenizer(source: Path, out_dir: Path, template: str | None) -> None:
             (out_dir / "chat_template.jinja").write_text(template, encoding="utf-8")
 
 
-def convert_gguf(source: Path, out_dir: Path) -> ModelConfig:
-    """Writes ``model.safetensors``, ``config.json`` and the tokenizer files of ``source``.
+def convert_gguf(source: Path, out_dir: Path, dequantize_all: bool = False) -> ModelConfig:
+    """Writes ``config.json``, the tokenizer files and ``model.safetensors`` of ``source``:
+    fp32 copies of the weights the model does not read from the file in place, whose list
+    goes to ``ggml/mapped.json`` (``gguf_mapped``). ``dequantize_all``: every weight in fp32
+    and nothing mapped (a folder transformers can load on its own).
 
     ``out_dir`` must exist; the caller is responsible for publishing it atomically.
     """
-    from gguf import GGUFReader
-
-    if not is_gguf_file(source):
-        raise ModelNotFoundError(f"{source} is not a GGUF file")
-    reader = GGUFReader(source)
-    config = config_from_gguf(reader, source)
-    template = _field(reader, "tokenizer.chat_template")
-    tensors = dict(iter_hf_tensors(reader, config))
+    meta, spec, hf = read_gguf(source)
+    # The file name says which weights and quantization these are; general.name is a
+    # free-form training label that often does not.
+    hf[MODEL_ID_KEY] = source.stem
+    # Crescent must serve what it converts: its own reader refuses here, before any work.
+    config = ModelConfig.from_hf_dict(hf, model_id=source.stem)
+    template = meta.raw("tokenizer.chat_template")
+    plan = {} if dequantize_all else mapping_plan(meta, spec, hf)
+    skip = frozenset(e.tensor for e in plan.values())
+    tensors = dict(iter_hf_tensors(meta, spec, hf, skip))
     save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     del tensors
-    _write_ggml_blocks(reader, config, out_dir)
-    del reader
-    hf_config = {**config.to_hf_dict(), MODEL_ID_KEY: config.model_id}
-    (out_dir / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+    del meta
+    if plan:
+        write_plan(out_dir, source, plan)
+    (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
     _write_tokenizer(source, out_dir, template)
     return config

@@ -1,4 +1,4 @@
-"""Building blocks of a Llama-family decoder that know nothing of attention or the KV cache."""
+"""Building blocks of a decoder that know nothing of attention or the KV cache."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shared.model.quantized import MAX_ROWS, PackedGgmlWeight
+from shared.model.quantized import MAX_ROWS, GgmlBlocks, GgmlWeight
 
 
 class RMSNorm(nn.Module):
@@ -23,27 +23,45 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Module):
-    """A bias-free projection whose weight is stored transposed, ``[in, out]``.
+    """A projection whose weight is stored transposed, ``[in, out]``, with an optional bias.
 
     On CPU, ``x @ W`` with W laid out this way runs up to twice as fast as ``F.linear`` for
     the few-row inputs of decode steps, and no slower for long prefills. Wide projections can
     further be packed into oneDNN's blocked layout (``pack_for_cpu``), which is faster again
     when the output is much wider than the input: the MLP's gate/up and the vocabulary head.
     A projection whose GGUF blocks the CPU kernels read also keeps them (``attach_ggml``) and
-    multiplies inputs of up to ``MAX_ROWS`` rows from those.
+    multiplies inputs of up to ``MAX_ROWS`` rows from those; one given no fp32 copy
+    (``blocks_only``) multiplies every input from them.
     """
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(in_features, out_features))
+        self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self._shape = (in_features, out_features)
         self._packed: torch.Tensor | None = None
-        self.ggml: PackedGgmlWeight | None = None
+        self.ggml: GgmlWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.ggml is not None and x.dim() == 2 and x.shape[0] <= MAX_ROWS:
-            return self.ggml(x)
-        return self.torch_matmul(x)
+        if self.ggml is not None and (self.blocks_only or x.numel() <= MAX_ROWS * x.shape[-1]):
+            if x.dim() == 2:
+                out = self.ggml(x)
+            else:
+                out = self.ggml(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], -1)
+        else:
+            out = self.torch_matmul(x)
+        return out if self.bias is None else out.add_(self.bias)
+
+    @property
+    def blocks_only(self) -> bool:
+        """Whether the projection has no fp32 copy, only its blocks."""
+        return self.ggml is not None and self._packed is None and self.weight.numel() == 0
+
+    def drop_fp32(self) -> None:
+        """Leaves the blocks (``attach_ggml`` first) as the projection's only weights."""
+        assert self.ggml is not None
+        self._packed = None
+        self.weight = nn.Parameter(torch.empty(0), requires_grad=False)
 
     def torch_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W`` by torch's BLAS on the fp32 weights, whatever the row count."""
@@ -51,7 +69,7 @@ class Linear(nn.Module):
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, None, "none", [], "")
         return x @ self.weight
 
-    def attach_ggml(self, weight: PackedGgmlWeight) -> None:
+    def attach_ggml(self, weight: GgmlWeight) -> None:
         """Few-row inputs are multiplied from ``weight``, which must hold this projection's
         weights (``[out, in]``, the transpose of ``self.weight``)."""
         if (weight.out_features, weight.in_features) != (self.out_features, self.in_features):
@@ -83,58 +101,31 @@ class Linear(nn.Module):
         return True
 
 
-class RotaryEmbedding(nn.Module):
-    """Precomputed cos/sin of every position up to the model's context, in fp32.
+class BlockEmbedding(nn.Module):
+    """Token embeddings read from a GGUF file's blocks: each row looked up is expanded to fp32
+    on the way (``ggml_expand``), so no fp32 table is kept. Owns a view of the blocks."""
 
-    ``sin`` is stored with its first half negated: rotating then takes one swap of the two
-    halves of ``x`` instead of slicing, negating and concatenating them, with bit-identical
-    results (negating a factor and negating the product round the same).
-    """
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+    def __init__(self, weight: GgmlBlocks) -> None:
         super().__init__()
-        # Computed on the CPU even inside a meta-device context: the tables need real values,
-        # and tracing these ops on meta would import torch._dynamo (over a second of a start).
-        with torch.device("cpu"):
-            cos, sin = self._tables(head_dim, max_positions, theta)
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
+        self.blocks = weight
+        self.num_embeddings, self.embedding_dim = weight.out_features, weight.in_features
 
-    @staticmethod
-    def _tables(
-        head_dim: int, max_positions: int, theta: float
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (theta**exponents)
-        positions = torch.arange(max_positions, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)
-        angles = torch.cat((freqs, freqs), dim=-1)
-        sin = angles.sin()
-        sin[:, : head_dim // 2].neg_()
-        return angles.cos(), sin
-
-    def tables(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin for the batch's positions, ``[T, 1, head_dim]``; looked up once
-        per step and shared by every layer."""
-        return (
-            self.cos[positions].unsqueeze(1).to(dtype),
-            self.sin[positions].unsqueeze(1).to(dtype),
-        )
-
-    @staticmethod
-    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotates ``x`` of shape ``[T, heads, head_dim]`` by the positions of ``tables``:
-        ``x * cos + rotate_half(x) * sin`` with ``rotate_half(x) = cat(-x2, x1)``."""
-        t, heads, dim = x.shape
-        swapped = x.view(t, heads, 2, dim // 2).flip(2).view(t, heads, dim)
-        return x * cos + swapped * sin
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        w = self.blocks
+        rows = w.blocks.index_select(0, ids.reshape(-1))
+        out = torch.ops.crescent.ggml_expand(rows, w.qtype, w.in_features)
+        return out.view(*ids.shape, w.in_features)
 
 
-def swiglu(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+def gated(gate_up: torch.Tensor, intermediate: int, act: str) -> torch.Tensor:
+    """``act(gate) * up`` of a fused gate/up projection: SwiGLU for "silu", GeGLU with tanh's
+    approximation for "gelu_pytorch_tanh" (Gemma)."""
     gate, up = gate_up.split(intermediate, dim=-1)
-    return F.silu(gate).mul_(up)
+    if act == "silu":
+        return F.silu(gate).mul_(up)
+    return F.gelu(gate, approximate="tanh").mul_(up)
+
+
+def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """``tanh(x / cap) * cap``: keeps logits within (-cap, cap) (Gemma 2)."""
+    return torch.tanh(x / cap) * cap

@@ -185,16 +185,20 @@ class Tokenizer:
         return text
 
     def render_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """The prompt text the chat template makes of ``messages``."""
+        """The prompt text the chat template makes of ``messages``; ``tools`` reach the template
+        as given (OpenAI function dicts), as transformers' ``apply_chat_template`` passes them."""
         if self._template is None:
             raise InvalidRequestError("This model has no chat template", param="messages")
         cleaned = validate_messages(messages)
         try:
             return self._template.render(
                 messages=cleaned,
-                tools=None,
+                tools=tools,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
                 **self._special_tokens,
@@ -205,10 +209,13 @@ class Tokenizer:
             ) from exc
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Token ids of the rendered chat; the template itself writes any BOS it wants."""
-        return self.encode(self.render_chat(messages, add_generation_prompt), False)
+        return self.encode(self.render_chat(messages, add_generation_prompt, tools), False)
 
     def backend_json(self) -> str:
         """The whole tokenizer as ``tokenizer.json`` text (what grammar matchers load)."""

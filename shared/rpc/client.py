@@ -3,7 +3,9 @@
 Every call is unary with a deadline and ``wait_for_ready=False``: while the service is down calls
 fail fast with ``CacheMetaUnavailable`` instead of queueing, and a channel that lost its server is
 replaced, so the first call after the service is back connects at once instead of waiting out
-gRPC's reconnect backoff.
+gRPC's reconnect backoff. A channel still connecting is kept for ``CONNECT_GRACE_S``: a call
+whose deadline is shorter than the connection's setup (a loaded host, a 100 ms lookup budget)
+must not throw the half-made connection away, or every later call would start from scratch.
 
 Every call carries the deployment's token (``authorization: Bearer <token>``) when one is given.
 The server caps the lists of one call (``MAX_BLOCKS_PER_CALL`` entries, ``MAX_TOKENS_PER_BLOCK``
@@ -46,6 +48,10 @@ CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+#: How long a channel may stay CONNECTING before a failed call replaces it: enough for a
+#: connection to a live server on a loaded host, far less than gRPC's 20 s connect timeout
+#: to an address that never answers.
+CONNECT_GRACE_S = 2.0
 _UNAVAILABLE = (
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -91,6 +97,7 @@ class CacheMetaClient:
         self.max_in_flight = max_in_flight
         self._slots = asyncio.Semaphore(max_in_flight)
         self._channel: grpc.aio.Channel | None = None
+        self._channel_born = 0.0  # monotonic time the current channel was made
         self._stub: pb_grpc.CacheMetaStub | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -275,16 +282,22 @@ class CacheMetaClient:
     def _connect(self) -> tuple[pb_grpc.CacheMetaStub, grpc.aio.Channel]:
         if self._channel is None or self._stub is None:
             self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            self._channel_born = time.monotonic()
             self._stub = pb_grpc.CacheMetaStub(self._channel)
         return self._stub, self._channel
 
     def _drop_if_disconnected(self, channel: grpc.aio.Channel) -> None:
-        """Replaces a channel that is not connected, so the next call dials at once."""
+        """Replaces a channel that is not connected, so the next call dials at once; one
+        that is still making its first connection is left to finish it."""
         current = self._channel
         if current is None or current is not channel:
             return  # already replaced by another call
-        if current.get_state(try_to_connect=False) == grpc.ChannelConnectivity.READY:
+        state = current.get_state(try_to_connect=False)
+        if state == grpc.ChannelConnectivity.READY:
             return  # the server answered UNAVAILABLE itself (e.g. its database is down)
+        young = time.monotonic() - self._channel_born < CONNECT_GRACE_S
+        if state == grpc.ChannelConnectivity.CONNECTING and young:
+            return
         self._channel = None
         self._stub = None
         task = asyncio.get_running_loop().create_task(current.close(grace=self.timeout_s))

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shared.rpc import client as client_module
 from shared.rpc.client import CacheMetaClient, CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
 from tests.cachemeta.chains import chain, hashes
@@ -162,6 +163,39 @@ def test_hung_server_fails_at_the_deadline(bg_loop: BackgroundLoop) -> None:
 
         for elapsed in bg_loop.run(scenario()):
             assert 0.4 < elapsed < 0.9
+
+
+def test_a_connection_slower_than_a_call_is_kept_for_the_next_call(
+    bg_loop: BackgroundLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call whose deadline ends while its channel is still connecting leaves the channel
+    to finish (a short lookup budget on a loaded host must not start every call from
+    scratch); a channel connecting for longer than the grace is replaced."""
+    with socket.socket() as listener:  # accepts connections, never finishes the handshake
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.5)
+        client = CacheMetaClient(f"127.0.0.1:{listener.getsockname()[1]}", timeout_s=0.2)
+        accepted: list[socket.socket] = []
+
+        def fail_once() -> None:
+            with pytest.raises(CacheMetaUnavailable):
+                bg_loop.run(client.stats())
+            with contextlib.suppress(TimeoutError):
+                accepted.append(listener.accept()[0])
+
+        try:
+            fail_once()
+            fail_once()
+            assert len(accepted) == 1  # the second call waited on the first one's connection
+            monkeypatch.setattr(client_module, "CONNECT_GRACE_S", 0.0)
+            fail_once()  # replaces the channel on failing
+            fail_once()
+            assert len(accepted) == 2
+        finally:
+            bg_loop.run(client.close())
+            for conn in accepted:
+                conn.close()
 
 
 def test_client_survives_a_server_restart(bg_loop: BackgroundLoop, tmp_path: object) -> None:

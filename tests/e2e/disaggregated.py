@@ -54,23 +54,44 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for ls, v in samples.get(name, []) if labels.items() <= ls.items())
 
 
+#: Tries at a hand-off. Placement weighs a local prefill against a hand-off from measured
+#: step times; on a host loaded by other work those can, now and then, make the decode node's
+#: own prefill look cheaper even with a stream to pause, and the request is then not the one
+#: the tests look at.
+TRIES = 3
+
+
 def run(stack: Stack, model_name: str, api_key: str) -> Disaggregated:
     urls = endpoints(stack)
     time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
     before = scrape(urls["decode-0"])[1]
-    report = " ".join(f"Line {i} of a disaggregated report at {os.getpid()}." for i in range(90))
-    response_id = asyncio.run(long_prompt_beside_a_stream(stack, model_name, api_key, report))
-    time.sleep(1.0)
+    for attempt in range(TRIES):
+        report = " ".join(
+            f"Line {i} of a disaggregated report {attempt} at {os.getpid()}." for i in range(90)
+        )
+        response_id, handed = asyncio.run(
+            long_prompt_beside_a_stream(stack, model_name, api_key, report, urls["prefill-0"])
+        )
+        time.sleep(1.0)
+        prefill_after = scrape(urls["prefill-0"])[1]
+        if handed_over(prefill_after) > handed:
+            break
     after = scrape(urls["decode-0"])[1]
-    return Disaggregated(response_id, before, after, scrape(urls["prefill-0"])[1])
+    return Disaggregated(response_id, before, after, prefill_after)
+
+
+def handed_over(prefill: Samples) -> float:
+    """Requests the prefill node computed and handed to a decode node so far."""
+    return total(prefill, "crescent_node_requests_finished_total", outcome="handed_over")
 
 
 async def long_prompt_beside_a_stream(
-    stack: Stack, model_name: str, api_key: str, prompt: str
-) -> str:
+    stack: Stack, model_name: str, api_key: str, prompt: str, prefill_url: str
+) -> tuple[str, float]:
     """Sends ``prompt`` while a stream decodes (``min_tokens`` keeps it going for 1000 tokens,
     seconds even at full speed, and it is hung up once ``prompt`` is answered): a prompt that
-    long would pause the stream longer than a hand-off takes. Returns its response id."""
+    long would pause the stream longer than a hand-off takes. Returns its response id and the
+    prefill node's hand-offs just before it was sent (the stream's own is counted by then)."""
     aclient = AsyncOpenAI(base_url=stack.base_url, api_key=api_key, max_retries=0, timeout=300)
     started = asyncio.Event()
 
@@ -87,6 +108,7 @@ async def long_prompt_beside_a_stream(
     await asyncio.wait_for(started.wait(), 120)
     await asyncio.sleep(1.5)  # the decode node's next heartbeats count the stream
     assert not streaming.done()
+    handed = handed_over((await asyncio.to_thread(scrape, prefill_url))[1])
     long = await aclient.chat.completions.create(
         model=model_name, messages=[{"role": "user", "content": prompt}], max_tokens=2,
         temperature=0,
@@ -94,4 +116,4 @@ async def long_prompt_beside_a_stream(
     streaming.cancel()  # its work is done: hanging up ends it on the nodes too
     with contextlib.suppress(asyncio.CancelledError):
         await streaming
-    return long.id
+    return long.id, handed

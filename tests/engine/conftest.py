@@ -11,9 +11,9 @@ from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout
+from shared.model.build import build_model
 from shared.model.config import ModelConfig
 from shared.model.kv_cache import PagedKVCache
-from shared.model.llama import build_model
 
 TINY = ModelConfig(
     model_id="tiny-llama",

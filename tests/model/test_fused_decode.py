@@ -11,8 +11,8 @@ import torch
 
 from shared.engine.runner import ModelRunner
 from shared.engine.scheduler import SchedulerOutput
+from shared.model.decoder import DecoderForCausalLM
 from shared.model.fused_decode import FusedDecoder
-from shared.model.llama import LlamaForCausalLM
 from shared.sampling_params import SamplingParams
 from tests.conftest import RealEngineFactory
 
@@ -21,7 +21,7 @@ GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def fused(model: LlamaForCausalLM) -> FusedDecoder:
+def fused(model: DecoderForCausalLM) -> FusedDecoder:
     decoder = FusedDecoder.build(model)
     if decoder is None:
         pytest.skip("the CPU kernels cannot be built on this machine")

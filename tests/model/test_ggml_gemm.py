@@ -1,5 +1,5 @@
-"""The CPU kernels that multiply by ggml-quantized weights: exact expansion, right products,
-batch-independent rows, clear errors on bad input."""
+"""Projections that multiply by their ggml blocks (``GgmlWeight``): exact expansion, right
+products, batch-independent rows, clear errors on bad input, and when a projection uses them."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from gguf.quants import dequantize, quantize
 
 from shared.model import cpu_kernels
 from shared.model.layers import Linear
-from shared.model.quantized import GgmlBlocks, PackedGgmlWeight, stack_rows
+from shared.model.quantized import GgmlBlocks, GgmlWeight
 
 TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0]
 
@@ -47,7 +47,7 @@ def test_expansion_is_bit_identical_to_the_reference_dequantizer(
     qtype: GGMLQuantizationType,
 ) -> None:
     weight = quantized(37, 160, qtype)
-    assert torch.equal(PackedGgmlWeight(weight).dequantize(), reference(weight))
+    assert torch.equal(GgmlWeight(weight).dequantize(), reference(weight))
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -56,7 +56,7 @@ def test_expansion_is_bit_identical_to_the_reference_dequantizer(
 def test_products_match_a_float64_reference(qtype: GGMLQuantizationType, m: int, n: int) -> None:
     weight = quantized(n, 96, qtype, seed=m * 100 + n)
     x = torch.randn(m, 96, generator=torch.Generator().manual_seed(m + n))
-    got = PackedGgmlWeight(weight)(x)
+    got = GgmlWeight(weight)(x)
     w = reference(weight).double()
     expected = x.double() @ w.T
     # fp32 summation error is bounded by a few ulps of the sum of absolute products.
@@ -66,7 +66,7 @@ def test_products_match_a_float64_reference(qtype: GGMLQuantizationType, m: int,
 
 
 def test_a_row_does_not_depend_on_the_rest_of_the_batch() -> None:
-    weight = PackedGgmlWeight(quantized(50, 576, GGMLQuantizationType.Q4_1))
+    weight = GgmlWeight(quantized(50, 576, GGMLQuantizationType.Q4_1))
     x = torch.randn(21, 576, generator=torch.Generator().manual_seed(3))
     together = weight(x)
     alone = torch.cat([weight(x[i : i + 1]) for i in range(21)])
@@ -74,37 +74,50 @@ def test_a_row_does_not_depend_on_the_rest_of_the_batch() -> None:
 
 
 def test_strided_rows_and_empty_batches() -> None:
-    weight = PackedGgmlWeight(quantized(6, 64, GGMLQuantizationType.Q8_0))
+    weight = GgmlWeight(quantized(6, 64, GGMLQuantizationType.Q8_0))
     wide = torch.randn(5, 128)
     assert torch.equal(weight(wide[:, :64]), weight(wide[:, :64].contiguous()))
     assert weight(torch.empty(0, 64)).shape == (0, 6)
 
 
 def test_bad_inputs_get_clear_errors() -> None:
-    weight = PackedGgmlWeight(quantized(4, 64, GGMLQuantizationType.Q4_1))
-    gemm = torch.ops.crescent.ggml_gemm
+    weight = quantized(4, 64, GGMLQuantizationType.Q4_1)
+    matmul = torch.ops.crescent.ggml_matmul
     with pytest.raises(RuntimeError, match=r"float32 \[M, 64\]"):
-        gemm(torch.randn(2, 32), weight.packed, weight.qtype, 64)
+        matmul(torch.randn(2, 32), weight.blocks, weight.qtype, 64)
     with pytest.raises(RuntimeError, match="float32"):
-        gemm(torch.randn(2, 64, dtype=torch.float64), weight.packed, weight.qtype, 64)
+        matmul(torch.randn(2, 64, dtype=torch.float64), weight.blocks, weight.qtype, 64)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        gemm(torch.randn(2, 48), weight.packed, weight.qtype, 48)
-    with pytest.raises(RuntimeError, match="unsupported ggml type 12"):
-        gemm(torch.randn(2, 64), weight.packed, 12, 64)
+        matmul(torch.randn(2, 48), weight.blocks, weight.qtype, 48)
+    with pytest.raises(RuntimeError, match="unsupported ggml type 16"):
+        matmul(torch.randn(2, 64), weight.blocks, 16, 64)
     with pytest.raises(RuntimeError, match="does not hold"):
-        gemm(torch.randn(2, 64), weight.packed, 8, 64)
-    with pytest.raises(RuntimeError, match="does not hold"):
-        torch.ops.crescent.ggml_repack(torch.zeros(4, 39, dtype=torch.uint8), 3, 64)
+        matmul(torch.randn(2, 64), weight.blocks, 8, 64)
 
 
-def test_fused_parts_stack_only_when_they_agree() -> None:
-    q4 = quantized(4, 64, GGMLQuantizationType.Q4_1)
-    q8 = quantized(4, 64, GGMLQuantizationType.Q8_0)
-    stacked = stack_rows([q4, q4])
-    assert stacked is not None and stacked.out_features == 8
-    assert stack_rows([q4, q8]) is None
-    assert stack_rows([q4, None]) is None
-    assert stack_rows([q4, quantized(4, 96, GGMLQuantizationType.Q4_1)]) is None
+def test_parts_in_different_types_multiply_as_one_stacked_matrix() -> None:
+    q4 = quantized(4, 64, GGMLQuantizationType.Q4_1, seed=1)
+    q8 = quantized(5, 64, GGMLQuantizationType.Q8_0, seed=2)
+    both = GgmlWeight([q4, q8])
+    assert (both.out_features, both.in_features) == (9, 64)
+    x = torch.randn(3, 64)
+    assert torch.equal(both(x), torch.cat([GgmlWeight(q4)(x), GgmlWeight(q8)(x)], dim=1))
+    assert torch.equal(both.dequantize(), torch.cat([reference(q4), reference(q8)]))
+    with pytest.raises(ValueError, match="different widths"):
+        GgmlWeight([q4, quantized(4, 96, GGMLQuantizationType.Q4_1)])
+
+
+def test_rows_kept_in_rope_pair_order_come_out_in_rotate_half_order() -> None:
+    # Two heads of head_dim 4: stored rows per head are (a0, b0, a1, b1), Hugging Face's
+    # (a0, a1, b0, b1).
+    stored = quantized(8, 64, GGMLQuantizationType.Q8_0)
+    interleaved = GgmlBlocks(stored.blocks, stored.qtype, 64, rope_heads=2)
+    x = torch.randn(2, 64)
+    plain, ordered = GgmlWeight(stored)(x), GgmlWeight(interleaved)(x)
+    assert torch.equal(ordered, plain[:, [0, 2, 1, 3, 4, 6, 5, 7]])
+    assert torch.equal(
+        GgmlWeight(interleaved).dequantize(), reference(stored)[[0, 2, 1, 3, 4, 6, 5, 7]]
+    )
 
 
 def test_a_projection_uses_its_blocks_for_few_rows_only() -> None:
@@ -112,9 +125,13 @@ def test_a_projection_uses_its_blocks_for_few_rows_only() -> None:
     linear = Linear(64, 8)
     # The fp32 copy is deliberately wrong: which path ran shows in the result.
     linear.weight.data.zero_()
-    linear.attach_ggml(PackedGgmlWeight(weight))
+    linear.attach_ggml(GgmlWeight(weight))
     few, many = torch.randn(4, 64), torch.randn(33, 64)
-    assert torch.equal(linear(few), PackedGgmlWeight(weight)(few))
+    assert torch.equal(linear(few), GgmlWeight(weight)(few))
     assert torch.equal(linear(many), torch.zeros(33, 8))
+    # With no fp32 copy, every input is multiplied from the blocks.
+    linear.drop_fp32()
+    assert linear.blocks_only
+    assert torch.equal(linear(many), GgmlWeight(weight)(many))
     with pytest.raises(ValueError, match="does not fit"):
-        Linear(64, 9).attach_ggml(PackedGgmlWeight(weight))
+        Linear(64, 9).attach_ggml(GgmlWeight(weight))

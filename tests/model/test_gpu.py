@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shared.config import EngineSettings
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
+from shared.engine.factory import load_model
 from shared.engine.runner import ModelRunner
 from shared.kv.layout import KVLayout
 from shared.model.files import ModelFiles
 from shared.model.kv_cache import PagedKVCache
-from shared.model.llama import build_model
-from shared.model.loader import load_state_dict
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 
@@ -27,8 +27,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France? Answer i
 def test_half_precision_engine_on_cuda(
     model_files: ModelFiles, tokenizer: Tokenizer, dtype: str
 ) -> None:
-    torch_dtype = getattr(torch, dtype)
-    model = build_model(model_files.config, load_state_dict(model_files), "cuda", torch_dtype)
+    model = load_model(EngineSettings(device="cuda", dtype=dtype), model_files)
     config = EngineConfig(
         num_kv_blocks=256, kv_dtype=dtype, eos_token_ids=model_files.config.eos_token_ids
     )

@@ -11,11 +11,20 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from shared.config import EngineSettings
+from shared.engine.config import EngineConfig
+from shared.engine.engine import LLMEngine
+from shared.engine.factory import load_model
+from shared.engine.runner import ModelRunner
 from shared.errors import ModelNotFoundError
-from shared.model import files, gguf_convert
+from shared.model import cpu_kernels, files, gguf_convert
 from shared.model.config import ModelConfig
 from shared.model.files import ModelFiles, resolve_model
+from shared.model.gguf_mapped import dequantized, load_mapped
+from shared.model.kv_cache import KVLayout, PagedKVCache
+from shared.model.layers import Linear
 from shared.model.loader import load_state_dict
+from shared.sampling_params import SamplingParams
 from tests.engine.conftest import TINY, tiny_weights
 
 
@@ -54,22 +63,29 @@ def test_second_resolve_reuses_the_conversion(
     assert (again.path.stat().st_mtime_ns, weights.stat().st_mtime_ns) == before
 
 
-def test_smollm2_state_dict(model_files: ModelFiles) -> None:
-    state = load_state_dict(model_files)
-    assert "lm_head.weight" not in state
-    assert state["model.embed_tokens.weight"].shape == (49152, 576)
-    assert state["model.layers.0.self_attn.q_proj.weight"].shape == (576, 576)
-    assert state["model.layers.0.self_attn.k_proj.weight"].shape == (192, 576)
-    assert state["model.layers.29.mlp.down_proj.weight"].shape == (576, 1536)
-    layers = {int(k.split(".")[2]) for k in state if k.startswith("model.layers.")}
-    assert layers == set(range(30))
-    assert len(state) == 2 + 30 * 9
+def test_smollm2_weights_are_read_from_the_file(model_files: ModelFiles) -> None:
+    state, mapped = load_state_dict(model_files), load_mapped(model_files)
+    # The norms are all the folder keeps; the embedding and every projection are the GGUF's.
+    assert set(state) == {"model.norm.weight"} | {
+        f"model.layers.{i}.{n}.weight"
+        for i in range(30)
+        for n in ("input_layernorm", "post_attention_layernorm")
+    }
     assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in state.values())
+    assert "lm_head.weight" not in state and "lm_head.weight" not in mapped
+    shapes = {k: (w.out_features, w.in_features) for k, w in mapped.items()}
+    assert shapes["model.embed_tokens.weight"] == (49152, 576)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (576, 576)
+    assert shapes["model.layers.0.self_attn.k_proj.weight"] == (192, 576)
+    assert shapes["model.layers.29.mlp.down_proj.weight"] == (576, 1536)
+    assert len(mapped) == 1 + 30 * 7
+    assert mapped["model.layers.0.self_attn.q_proj.weight"].rope_heads == 9
+    assert mapped["model.layers.0.self_attn.v_proj.weight"].rope_heads == 0
 
 
 @pytest.mark.slow
 def test_weights_equal_transformers(model_files: ModelFiles, hf_model: Any) -> None:
-    ours = load_state_dict(model_files)
+    ours = load_state_dict(model_files) | dequantized(load_mapped(model_files))
     theirs = hf_model.state_dict()
     names = ["model.embed_tokens.weight", "model.norm.weight"]
     for layer in (0, 1, 15, 29):
@@ -77,24 +93,6 @@ def test_weights_equal_transformers(model_files: ModelFiles, hf_model: Any) -> N
     assert len(names) == 2 + 4 * 9
     for name in names:
         assert torch.equal(ours[name], theirs[name]), name
-
-
-def test_missing_path_raises(tmp_path: Path) -> None:
-    with pytest.raises(ModelNotFoundError, match="does-not-exist"):
-        resolve_model(tmp_path / "does-not-exist", tmp_path / "cache")
-
-
-def test_folder_without_config_raises(tmp_path: Path) -> None:
-    (tmp_path / "model").mkdir()
-    with pytest.raises(ModelNotFoundError, match=r"config\.json"):
-        resolve_model(tmp_path / "model", tmp_path / "cache")
-
-
-def test_file_that_is_not_gguf_raises(tmp_path: Path) -> None:
-    bogus = tmp_path / "model.gguf"
-    bogus.write_bytes(b"not a gguf file")
-    with pytest.raises(ModelNotFoundError, match=r"model\.gguf"):
-        resolve_model(bogus, tmp_path / "cache")
 
 
 def _write_tiny_folder(folder: Path) -> dict[str, torch.Tensor]:
@@ -112,11 +110,47 @@ def _write_tiny_folder(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def test_bf16_weights_of_a_folder_stay_bf16_and_compute_alike(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    if not cpu_kernels.load(cache_dir):
+        pytest.skip("the CPU kernels cannot be built on this machine")
+    tensors = _write_tiny_folder(tmp_path / "tiny-llama")
+    folder = resolve_model(str(tmp_path / "tiny-llama"), tmp_path / "cache")
+    in_place = load_model(EngineSettings(device="cpu", cache_dir=cache_dir), folder)
+    widened = load_model(EngineSettings(device="cpu", cpu_kernels="off"), folder)
+    # The second shard's projections are bf16 on disk: views of it, in bf16, no fp32 copy.
+    bf16 = {n for n in sorted(tensors)[len(tensors) // 2 :] if n.endswith("proj.weight")}
+    assert bf16
+    kept = {
+        name: m.ggml
+        for name, m in in_place.named_modules()
+        if isinstance(m, Linear) and m.ggml is not None
+    }
+    assert kept and all(m.blocks_only for m in in_place.modules() if getattr(m, "ggml", None))
+    assert {p.qtype for w in kept.values() for p in w.parts} == {30}  # BF16
+    prompts = [[5, 17, 99, 3, 250, 7], list(range(40, 110))]
+    greedy = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    ours = [o.output_token_ids for o in _engine(in_place).generate(prompts, greedy)]
+    theirs = [o.output_token_ids for o in _engine(widened).generate(prompts, greedy)]
+    assert ours == theirs and all(len(t) == 12 for t in ours)
+
+
+def _engine(model: Any) -> LLMEngine:
+    config = EngineConfig(num_kv_blocks=32, max_model_len=1024, eos_token_ids=(2,))
+    cache = PagedKVCache(KVLayout.for_model(model.config, config.block_size, "float32"), 32)
+    return LLMEngine(ModelRunner(model, cache, False), config, model.config.model_id)
+
+
 def test_tiny_hf_folder_loads(tmp_path: Path) -> None:
     tensors = _write_tiny_folder(tmp_path / "tiny-llama")
     files = resolve_model(str(tmp_path / "tiny-llama"), tmp_path / "cache")
     assert files.path == tmp_path / "tiny-llama"
-    assert files.config == dataclasses.replace(TINY, model_id="tiny-llama")
+    # The reader spells out the rope and the context that TINY leaves to their defaults.
+    assert files.config.rope_specs == TINY.rope_specs
+    assert files.config.context_length == TINY.context_length
+    plain = dataclasses.replace(files.config, ropes=(), max_context=0)
+    assert plain == dataclasses.replace(TINY, model_id="tiny-llama")
     state = load_state_dict(files)
     assert set(state) == set(tensors)
     for name, tensor in state.items():

@@ -10,7 +10,7 @@ import torch
 
 from shared.engine.engine import LLMEngine
 from shared.model import cpu_kernels
-from shared.model.llama import LlamaForCausalLM
+from shared.model.decoder import DecoderForCausalLM
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 from tests.conftest import RealEngineFactory
@@ -87,7 +87,7 @@ def test_greedy_tokens_equal_transformers(
 def test_greedy_tokens_equal_transformers_with_torch_matmuls_only(
     oracle_cases: list[tuple[list[int], list[int]]],
     make_real_engine: RealEngineFactory,
-    torch_only_model: LlamaForCausalLM,
+    torch_only_model: DecoderForCausalLM,
 ) -> None:
     """The fallback where the kernels are off or cannot be built."""
     engine = make_real_engine(
@@ -97,7 +97,7 @@ def test_greedy_tokens_equal_transformers_with_torch_matmuls_only(
 
 
 def test_served_model_uses_the_kernels_where_they_build(
-    model: LlamaForCausalLM, cache_dir: Path
+    model: DecoderForCausalLM, cache_dir: Path
 ) -> None:
     if not cpu_kernels.load(cache_dir):
         pytest.skip("the CPU kernels cannot be built on this machine")

@@ -38,6 +38,12 @@ def beat(node_id: str, role: str, **load: Any) -> NodeStatus:
     )
 
 
+def other_prompt(i: int) -> list[int]:
+    """A prompt as long as ``PROMPT`` sharing no block with it or with another ``i``'s: the
+    scheduler remembers where it placed each prompt, so asking one twice is not cache-blind."""
+    return [1000 + i, *PROMPT[1:]]
+
+
 def generate(request_id: str, prompt: list[int] = PROMPT) -> GenerateRequest:
     return GenerateRequest(
         request_id=request_id,

@@ -22,7 +22,16 @@ from shared.rpc.client import CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
 from shared.secrets import secret_fingerprint
 from tests.scheduler.fake_cachemeta import FakeCacheMeta
-from tests.scheduler.harness import PROMPT, SCOPE, SECRET, Harness, beat, generate, scheduler
+from tests.scheduler.harness import (
+    PROMPT,
+    SCOPE,
+    SECRET,
+    Harness,
+    beat,
+    generate,
+    other_prompt,
+    scheduler,
+)
 
 # A holds the whole prompt but has a long queue; B is idle: B should pull the blocks from A.
 LOAD_FORCED = (
@@ -89,10 +98,30 @@ def test_without_cachemeta_requests_are_placed_cache_obliviously(
             # The first lookup fails, the next ones back off; each request goes to the least
             # loaded node, counting what was placed before it (with the cache, all go to A).
             for i, want in enumerate("BAB"):
-                await h.send(generate(f"r-oblivious-{reason}-{i}"))
+                await h.send(generate(f"r-oblivious-{reason}-{i}", other_prompt(i)))
                 node, task = await h.next_task()
                 assert (node, task.pulls) == (want, [])
             assert h.fallbacks(reason) >= 1
+            # A prompt asked again goes where it was just placed, which will hold its blocks
+            # before any catalogue lists them.
+            await h.send(generate(f"r-again-{reason}", other_prompt(2)))
+            assert (await h.next_task())[0] == "B"
+
+    asyncio.run(scenario())
+
+
+def test_a_prompt_asked_again_before_the_catalogue_lists_it_goes_where_it_was_placed() -> None:
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta()) as h:  # the catalogue lists nothing yet
+            await h.nodes(beat("A", "prefill"), beat("B", "prefill"), beat("D", "decode"))
+            await h.send(generate("r-first"))
+            first, _ = await h.next_task()
+            await h.send(generate("r-again"))
+            node, task = await h.next_task()
+            # Blind, it would be computed again on the other node (the first one counts the
+            # work placed on it); now it goes to the first one, or pulls every block from it.
+            pulled = [(p.node_id, p.first_block, p.num_blocks) for p in task.pulls]
+            assert (node, pulled) == (first, []) or pulled == [(first, 0, 62)], (node, pulled)
 
     asyncio.run(scenario())
 

@@ -18,7 +18,16 @@ from shared.messages import WireMessage
 from shared.nats_events import DISCONNECT_TYPE
 from shared.rpc.types import PrefixHolder
 from tests.scheduler.fake_cachemeta import FakeCacheMeta
-from tests.scheduler.harness import PROMPT, SCOPE, SECRET, Harness, beat, generate, scheduler
+from tests.scheduler.harness import (
+    PROMPT,
+    SCOPE,
+    SECRET,
+    Harness,
+    beat,
+    generate,
+    other_prompt,
+    scheduler,
+)
 
 BLOCKS = 62  # the prompt's cacheable blocks
 HASHES = prompt_block_hashes(PROMPT, SCOPE, SECRET, "tenant-a")
@@ -163,20 +172,22 @@ def test_a_tierd_stops_being_a_source_on_a_disconnect_or_silence() -> None:
             event = {"type": DISCONNECT_TYPE, "client": {"name": "crescent-T"}}
             await h.bus.publish_raw(subjects.DISCONNECTS, json.dumps(event).encode())
             await h.bus.settle()
-            await h.send(generate("r-disconnected"))
+            await h.send(generate("r-disconnected", other_prompt(1)))
             assert (await h.next_task())[1].pulls == []
             await h.beat(TIERD)
-            await h.send(generate("r-back"))
+            await h.send(generate("r-back", other_prompt(2)))
             assert (await h.next_task())[1].pulls == nvme_pull()
             await asyncio.sleep(0.35)  # past the timeout: only the nodes beat again
             await h.beat(prefill())
             await h.beat(beat("D", "decode"))
-            await h.send(generate("r-late"))  # a late tierd's files are still there
+            await h.send(
+                generate("r-late", other_prompt(3))
+            )  # a late tierd's files are still there
             assert (await h.next_task())[1].pulls == nvme_pull()
             await asyncio.sleep(0.6)  # past its grace of three timeouts
             await h.beat(prefill())
             await h.beat(beat("D", "decode"))
-            await h.send(generate("r-silent"))
+            await h.send(generate("r-silent", other_prompt(4)))
             assert (await h.next_task())[1].pulls == []
 
     asyncio.run(scenario())

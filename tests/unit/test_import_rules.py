@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFINED = {
     "torch": ("shared/model/", "shared/engine/", "services/prefill/", "services/decode/"),
     "transformers": ("shared/model/gguf_convert.py",),
-    "gguf": ("shared/model/gguf_convert.py",),
+    "gguf": ("shared/model/gguf_",),  # the modules that read GGUF files
     "ucxx": ("shared/transfer/ucx.py",),
     "sqlalchemy": ("services/cachemeta/",),
     "alembic": ("services/cachemeta/",),

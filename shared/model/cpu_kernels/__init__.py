@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
 # Compiled together into one library; the headers are part of its cache key.
-SOURCES = tuple(_HERE / name for name in ("ggml_gemm.cpp", "decode_step.cpp", "decode_job.cpp"))
+SOURCES = tuple(_HERE / name for name in ("ggml_weights.cpp", "decode_step.cpp", "decode_job.cpp"))
 HEADERS = tuple(sorted(_HERE.glob("*.h")))
 # -ffp-contract=off: the expansion of quantized weights must round a multiply and an add
 # separately, as the reference dequantizer does; the kernel spells out its own FMAs.

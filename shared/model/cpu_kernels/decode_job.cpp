@@ -45,7 +45,7 @@ DecodeJob::DecodeJob(const LlamaWeights& model, const Batch& batch, float* logit
     const int64_t chunks = phases_[k].chunks = chunks_of(k);
     total += chunks;
     if (const Weight* w = weight_of(k))
-      max_rows = std::max(max_rows, (tile_count(w->rows) + chunks - 1) / chunks * kRowsPerTile);
+      max_rows = std::max(max_rows, (matmul_tile_count(w->rows) + chunks - 1) / chunks * kTileRows);
   }
   taken_ = std::make_unique<std::atomic<uint8_t>[]>(total);
   for (int64_t k = 0, offset = 0; k < num_phases_; offset += phases_[k].chunks, ++k)
@@ -54,9 +54,12 @@ DecodeJob::DecodeJob(const LlamaWeights& model, const Batch& batch, float* logit
   out_size_ = std::max(B * max_rows, attention_out);
   own_size_ = B * (H + m_.attn_width() + m_.inter) + out_size_;
   scratch_.resize(participants * own_size_);
-  const float* table = m_.embed.data_ptr<float>();
-  for (int64_t r = 0; r < B; ++r)
-    std::memcpy(&x_[r * H], table + batch.token_ids[r] * H, H * sizeof(float));
+  const uint8_t* table = m_.embed.data_ptr<uint8_t>();
+  const int64_t stride = m_.embed.stride(0);
+  formats::visit_format(m_.embed_qtype, [&](auto fmt) {
+    for (int64_t r = 0; r < B; ++r)
+      formats::expand_row<decltype(fmt)>(table + batch.token_ids[r] * stride, H, &x_[r * H]);
+  });
 }
 
 const Weight* DecodeJob::weight_of(int64_t phase) const {
@@ -74,13 +77,13 @@ const Weight* DecodeJob::weight_of(int64_t phase) const {
 int64_t DecodeJob::chunks_of(int64_t phase) const {
   const Weight* w = weight_of(phase);
   if (w == nullptr) return static_cast<int64_t>(items_.size());
-  return std::min(tile_chunks_, tile_count(w->rows));
+  return std::min(tile_chunks_, matmul_tile_count(w->rows));
 }
 
 DecodeJob::Rows DecodeJob::rows_of(const Weight& w, int64_t phase, int64_t chunk) const {
-  const int64_t tiles = tile_count(w.rows), chunks = phases_[phase].chunks;
-  const int64_t first = tiles * chunk / chunks * kRowsPerTile;
-  const int64_t end = std::min(w.rows, tiles * (chunk + 1) / chunks * kRowsPerTile);
+  const int64_t tiles = matmul_tile_count(w.rows), chunks = phases_[phase].chunks;
+  const int64_t first = tiles * chunk / chunks * kTileRows;
+  const int64_t end = std::min(w.rows, tiles * (chunk + 1) / chunks * kTileRows);
   return {first, end - first};
 }
 
@@ -145,10 +148,10 @@ bool DecodeJob::compute(int64_t k, int64_t chunk, const Own& own) {
   if (k != num_phases_ - 1 && k % kPerLayer == kOutput) x = own.attn, ldx = m_.attn_width();
   if (k != num_phases_ - 1 && k % kPerLayer == kDown) x = own.act, ldx = m_.inter;
   const Rows rows = rows_of(*w, k, chunk);
-  const int64_t tiles = (rows.count + kRowsPerTile - 1) / kRowsPerTile;
+  const int64_t tiles = (rows.count + kTileRows - 1) / kTileRows;
   for (int64_t t = 0; t < tiles; ++t) {
     if (phases_[k].committed(chunk)) return false;
-    weight_tile(*w, x, ldx, batch_.rows, own.out, rows.count, rows.first / kRowsPerTile + t,
+    weight_tile(*w, x, ldx, batch_.rows, own.out, rows.count, rows.first / kTileRows + t,
                 rows.first);
   }
   return true;
@@ -169,10 +172,16 @@ void DecodeJob::commit(int64_t k, int64_t chunk, const Own& own) {
     }
   }
   const Rows rows = rows_of(*w, k, chunk);
+  const int32_t* order = nullptr;
+  if (k != num_phases_ - 1 && k % kPerLayer == kQkv && m_.qkv_order.defined() &&
+      m_.qkv_order.numel() > 0)
+    order = m_.qkv_order.data_ptr<int32_t>() + rows.first;
   for (int64_t r = 0; r < batch_.rows; ++r) {
     float* d = dst + r * ld + rows.first;
     const float* s = own.out + r * rows.count;
-    if (add) {
+    if (order != nullptr) {  // Q and K rows as llama.cpp stores them, put in rotate-half order
+      for (int64_t j = 0; j < rows.count; ++j) dst[r * ld + order[j]] = s[j];
+    } else if (add) {
       for (int64_t j = 0; j < rows.count; ++j) d[j] += s[j];
     } else {
       std::memcpy(d, s, rows.count * sizeof(float));

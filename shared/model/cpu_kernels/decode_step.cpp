@@ -4,8 +4,8 @@
 // Run op by op from Python, a batch-1 step of a small model spends more time between the
 // matmuls than in them: hundreds of tensor ops each cost their dispatch, and each parallel
 // region wakes the thread pool again. Here the step is one parallel region whose threads
-// claim the work in chunks (decode_job.h): every projection's output rows (ggml_tiles.h,
-// reading the GGUF's quantized blocks), and the attention by sequence, KV head and a fixed
+// claim the work in chunks (decode_job.h): every projection's output rows (ggml_matmul.h,
+// reading the GGUF's blocks as stored), and the attention by sequence, KV head and a fixed
 // span of context. Attention reads each sequence's K and V where they lie in the paged cache,
 // with no gather, and the new token's K and V go into its slot with the span that holds it.
 //
@@ -32,23 +32,27 @@ namespace crescent {
 // not copied) and runs its steps, one at a time.
 class DecodeModel : public torch::CustomClassHolder {
  public:
-  DecodeModel(at::Tensor embed, std::vector<at::Tensor> norms, std::vector<at::Tensor> packed,
-              std::vector<int64_t> qtypes, at::Tensor cos, at::Tensor sin,
+  // `embed`: the token embeddings' rows as blocks of `embed_qtype` (ggml_rows.h; float32
+  // viewed as bytes is type 0). `blocks`/`qtypes`: every projection's parts in order (per layer
+  // QKV, output, gate/up, down, then the head), `parts` of them for each. `qkv_order`: empty,
+  // or where each QKV output column goes (llama.cpp's Q/K row order undone).
+  DecodeModel(at::Tensor embed, int64_t embed_qtype, std::vector<at::Tensor> norms,
+              std::vector<at::Tensor> blocks, std::vector<int64_t> qtypes,
+              std::vector<int64_t> parts, at::Tensor qkv_order, at::Tensor cos, at::Tensor sin,
               std::vector<int64_t> dims, double eps) {
     TORCH_CHECK(dims.size() == 6, "DecodeModel: dims are layers, hidden, intermediate, heads, "
                 "kv_heads, head_dim");
     LlamaWeights& m = m_;
     m.layers = dims[0], m.hidden = dims[1], m.inter = dims[2], m.heads = dims[3];
     m.kv_heads = dims[4], m.head_dim = dims[5], m.eps = static_cast<float>(eps);
-    m.embed = embed.contiguous(), m.cos = cos.contiguous(), m.sin = sin.contiguous();
+    m.embed = embed, m.embed_qtype = embed_qtype, m.cos = cos.contiguous(), m.sin = sin.contiguous();
     m.vocab = m.embed.size(0);
     TORCH_CHECK(m.heads % m.kv_heads == 0, "DecodeModel: heads must be a multiple of kv_heads");
     m.attend_span = attend_span_for(m.head_dim, m.group());
     TORCH_CHECK(m.attend_span != nullptr, "DecodeModel: head_dim must be 64 or 128, with at most ",
                 kMaxGroup, " query heads per KV head");
-    TORCH_CHECK(m.hidden % 16 == 0 && m.inter % 16 == 0, "DecodeModel: widths must be multiples of 16");
-    TORCH_CHECK(m.embed.scalar_type() == at::kFloat && m.embed.dim() == 2 &&
-                    m.embed.size(1) == m.hidden, "DecodeModel: embed must be float32 [vocab, hidden]");
+    TORCH_CHECK(m.hidden % 32 == 0 && m.inter % 32 == 0, "DecodeModel: widths must be multiples of 32");
+    check_blocks(m.embed, embed_qtype, m.vocab, m.hidden, "the embedding");
     TORCH_CHECK(m.cos.scalar_type() == at::kFloat && m.cos.dim() == 2 &&
                     m.cos.size(1) == m.head_dim && m.sin.sizes() == m.cos.sizes(),
                 "DecodeModel: rotary tables must be float32 [positions, head_dim]");
@@ -57,15 +61,44 @@ class DecodeModel : public torch::CustomClassHolder {
       TORCH_CHECK(n.scalar_type() == at::kFloat && n.numel() == m.hidden, "DecodeModel: norm size");
       m.norms.push_back(n.contiguous());
     }
-    TORCH_CHECK(static_cast<int64_t>(packed.size()) == 4 * m.layers + 1 &&
-                    qtypes.size() == packed.size(), "DecodeModel: projections");
-    for (int64_t l = 0; l < m.layers; ++l) {
-      add_weight(packed[4 * l], qtypes[4 * l], m.qkv_width(), m.hidden);
-      add_weight(packed[4 * l + 1], qtypes[4 * l + 1], m.hidden, m.attn_width());
-      add_weight(packed[4 * l + 2], qtypes[4 * l + 2], 2 * m.inter, m.hidden);
-      add_weight(packed[4 * l + 3], qtypes[4 * l + 3], m.hidden, m.inter);
+    TORCH_CHECK(qkv_order.numel() == 0 || (qkv_order.scalar_type() == at::kInt &&
+                                           qkv_order.is_contiguous() &&
+                                           qkv_order.numel() == m.qkv_width()),
+                "DecodeModel: qkv_order must be empty or int32 [qkv width]");
+    if (qkv_order.numel() > 0) {
+      std::vector<bool> seen(m.qkv_width(), false);
+      const int32_t* order = qkv_order.data_ptr<int32_t>();
+      for (int64_t j = 0; j < m.qkv_width(); ++j) {
+        TORCH_CHECK(order[j] >= 0 && order[j] < m.qkv_width() && !seen[order[j]],
+                    "DecodeModel: qkv_order must be a permutation");
+        seen[order[j]] = true;
+      }
     }
-    add_weight(packed.back(), qtypes.back(), m.vocab, m.hidden);
+    m.qkv_order = qkv_order;
+    TORCH_CHECK(static_cast<int64_t>(parts.size()) == 4 * m.layers + 1 &&
+                    qtypes.size() == blocks.size(), "DecodeModel: projections");
+    size_t next = 0;
+    auto add = [&](int64_t index, int64_t rows, int64_t cols) {
+      Weight w{{}, 0, cols};
+      for (int64_t p = 0; p < parts[index]; ++p, ++next) {
+        TORCH_CHECK(next < blocks.size(), "DecodeModel: fewer blocks than parts");
+        const at::Tensor& b = blocks[next];
+        check_blocks(b, qtypes[next], b.size(0), cols, "a projection's part");
+        w.parts.push_back({b, b.data_ptr<uint8_t>(), qtypes[next], b.size(0), b.stride(0)});
+        w.rows += b.size(0);
+      }
+      TORCH_CHECK(w.rows == rows, "DecodeModel: a projection's parts hold ", w.rows,
+                  " rows, expected ", rows);
+      m.weights.push_back(std::move(w));
+    };
+    for (int64_t l = 0; l < m.layers; ++l) {
+      add(4 * l, m.qkv_width(), m.hidden);
+      add(4 * l + 1, m.hidden, m.attn_width());
+      add(4 * l + 2, 2 * m.inter, m.hidden);
+      add(4 * l + 3, m.hidden, m.inter);
+    }
+    add(4 * m.layers, m.vocab, m.hidden);
+    TORCH_CHECK(next == blocks.size(), "DecodeModel: more blocks than parts");
   }
 
   // Logits [rows, vocab] of the next token of each row. `kv` is the paged cache
@@ -74,7 +107,7 @@ class DecodeModel : public torch::CustomClassHolder {
   at::Tensor step(at::Tensor token_ids, at::Tensor block_tables, at::Tensor context_lens,
                   at::Tensor kv) {
     const Batch batch = check(token_ids, block_tables, context_lens, kv);
-    at::Tensor logits = at::empty({batch.rows, m_.vocab}, m_.embed.options());
+    at::Tensor logits = at::empty({batch.rows, m_.vocab}, m_.cos.options());
     if (batch.rows == 0) return logits;
     at::init_num_threads();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -107,13 +140,16 @@ class DecodeModel : public torch::CustomClassHolder {
   }
 
  private:
-  void add_weight(const at::Tensor& packed, int64_t qtype, int64_t rows, int64_t cols) {
-    TORCH_CHECK(known_qtype(qtype), "DecodeModel: unsupported ggml type ", qtype);
-    TORCH_CHECK(cols % kBlock == 0 && packed.scalar_type() == at::kByte && packed.dim() == 2 &&
-                    packed.is_contiguous() && packed.size(0) == rows &&
-                    packed.size(1) == cols / kBlock * packed_block_bytes(qtype),
-                "DecodeModel: a packed weight does not hold [", rows, ", ", cols, "]");
-    m_.weights.push_back({packed, packed.data_ptr<uint8_t>(), qtype, rows, cols, packed.size(1)});
+  static void check_blocks(const at::Tensor& blocks, int64_t qtype, int64_t rows, int64_t cols,
+                           const char* what) {
+    int64_t weights = 0, bytes = 0;
+    formats::block_shape(qtype, weights, bytes);
+    TORCH_CHECK(weights > 0, "DecodeModel: unsupported ggml type ", qtype, " for ", what);
+    TORCH_CHECK(cols % weights == 0 && cols % formats::kChunk == 0 && blocks.device().is_cpu() &&
+                    blocks.scalar_type() == at::kByte && blocks.dim() == 2 &&
+                    blocks.stride(1) == 1 && blocks.size(0) == rows &&
+                    blocks.size(1) == cols / weights * bytes,
+                "DecodeModel: the blocks of ", what, " do not hold [", rows, ", ", cols, "]");
   }
 
   Batch check(const at::Tensor& ids, const at::Tensor& tables, const at::Tensor& lens,
@@ -160,9 +196,9 @@ class DecodeModel : public torch::CustomClassHolder {
 
 TORCH_LIBRARY(crescent, m) {
   m.class_<crescent::DecodeModel>("DecodeModel")
-      .def(torch::init<at::Tensor, std::vector<at::Tensor>, std::vector<at::Tensor>,
-                       std::vector<int64_t>, at::Tensor, at::Tensor, std::vector<int64_t>,
-                       double>())
+      .def(torch::init<at::Tensor, int64_t, std::vector<at::Tensor>, std::vector<at::Tensor>,
+                       std::vector<int64_t>, std::vector<int64_t>, at::Tensor, at::Tensor,
+                       at::Tensor, std::vector<int64_t>, double>())
       .def("step", &crescent::DecodeModel::step)
       .def("stats", &crescent::DecodeModel::stats);
 }

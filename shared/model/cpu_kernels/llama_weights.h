@@ -5,32 +5,56 @@
 #include <ATen/core/Tensor.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <vector>
 
 #include "attention_span.h"
-#include "ggml_tiles.h"
+#include "ggml_matmul.h"
 #include "vector_math.h"
 
 namespace crescent {
 
-// A projection's packed GGUF blocks, [rows, cols] weights.
-struct Weight {
-  at::Tensor packed;  // keeps the bytes alive
+using formats::kTileRows;
+using formats::matmul_tile_count;
+
+// Rows of a projection kept in one ggml type: a GGUF tensor's blocks as the file stores them
+// (ggml_rows.h), `rows` rows of the projection's `cols` inputs.
+struct WeightPart {
+  at::Tensor blocks;  // keeps the bytes alive
   const uint8_t* data;
-  int64_t qtype, rows, cols, row_bytes;
+  int64_t qtype, rows, row_bytes;
+};
+
+// A projection [rows, cols]: its parts stacked by rows (Q, K and V, or gate and up, as the file
+// keeps them: apart, each in its own type).
+struct Weight {
+  std::vector<WeightPart> parts;
+  int64_t rows, cols;
 };
 
 // Tile t of y[M, rows] = x[M, cols] . W^T on the calling thread, y's columns starting at
-// weight row `first_row`.
+// weight row `first_row`. A tile may straddle two parts: each row is summed the same way
+// whichever tile holds it.
 inline void weight_tile(const Weight& w, const float* x, int64_t ldx, int64_t M, float* y,
                         int64_t ldy, int64_t t, int64_t first_row) {
-  const auto args =
-      std::make_tuple(x, ldx, M, w.data, w.row_bytes, w.rows, w.cols, y, ldy, t, t + 1, first_row);
-  if (w.qtype == kQ4_1) std::apply(gemm_tiles<kQ4_1, false>, args);
-  else if (w.qtype == kQ4_0) std::apply(gemm_tiles<kQ4_0, false>, args);
-  else std::apply(gemm_tiles<kQ8_0, false>, args);
+  int64_t r0 = t * kTileRows;
+  const int64_t r1 = std::min(r0 + kTileRows, w.rows);
+  int64_t part_start = 0;
+  for (const WeightPart& p : w.parts) {
+    const int64_t part_end = part_start + p.rows;
+    if (r0 < part_end && r0 < r1) {
+      const int64_t n = std::min(r1, part_end) - r0;
+      const uint8_t* rows = p.data + (r0 - part_start) * p.row_bytes;
+      formats::visit_format(p.qtype, [&](auto fmt) {
+        formats::matmul_rows<decltype(fmt)>(x, ldx, M, rows, p.row_bytes, n, w.cols,
+                                            y + (r0 - first_row), ldy);
+      });
+      r0 += n;
+    }
+    part_start = part_end;
+  }
 }
 
 // Tokens of context one attention work item covers: short enough that a single long sequence
@@ -56,7 +80,9 @@ struct Batch {
 struct LlamaWeights {
   int64_t layers, hidden, inter, heads, kv_heads, head_dim, vocab;
   float eps;
-  at::Tensor embed, cos, sin;  // [vocab, hidden]; rotary tables [positions, head_dim]
+  at::Tensor embed, cos, sin;  // [vocab, hidden] blocks; rotary tables [positions, head_dim]
+  int64_t embed_qtype;
+  at::Tensor qkv_order;  // empty, or int32 [qkv_width]: where each QKV output column goes
   std::vector<at::Tensor> norms;  // per layer: before attention, before the MLP; then final
   std::vector<Weight> weights;  // per layer: qkv, o, gate_up, down; then the output head
   AttendSpan attend_span = nullptr;

@@ -83,7 +83,8 @@ def fit(moments: Moments, prior: Sequence[float], prior_weight: float) -> list[f
     prior's with weight ``prior_weight`` (in samples): a small weight leaves well-determined
     fits alone but settles the directions the data leave open (all samples the same size, say)
     the prior's way, and keeps the system solvable. The constrained optimum is exact: every set
-    of free coefficients is solved and the best feasible one kept.
+    of free coefficients is solved and the best feasible one kept. The prior pulled towards
+    is scaled to the samples' level first (``_level``).
     """
     if moments.count <= 0:
         return list(prior)
@@ -94,7 +95,7 @@ def fit(moments: Moments, prior: Sequence[float], prior_weight: float) -> list[f
         for i in range(NUM_FEATURES)
     ]
     zy = [moments.xy[i] / scale[i] for i in range(NUM_FEATURES)]
-    theta0 = [p * s for p, s in zip(prior, scale, strict=True)]
+    theta0 = _level(gram, zy, [p * s for p, s in zip(prior, scale, strict=True)])
     best: tuple[float, list[float]] | None = None
     for size in range(NUM_FEATURES + 1):
         for free in combinations(range(NUM_FEATURES), size):
@@ -106,6 +107,21 @@ def fit(moments: Moments, prior: Sequence[float], prior_weight: float) -> list[f
                 best = (loss, theta)
     assert best is not None  # no free coefficient (all zero) is always feasible
     return [t / s for t, s in zip(best[1], scale, strict=True)]
+
+
+def _level(gram: list[list[float]], zy: list[float], theta0: list[float]) -> list[float]:
+    """``theta0`` scaled by the least-squares factor that best fits the samples: the prior
+    gives the shape of the cost (how it splits between the features), the samples its level.
+    Pulled towards the unscaled prior, a node faster than the prior whose samples leave a
+    direction open (every step the same size) would have the slack land on the non-negativity
+    bound: a per-token cost of zero, and every long prompt predicted as cheap as a short one."""
+    norm = sum(
+        theta0[i] * gram[i][j] * theta0[j] for i in range(NUM_FEATURES) for j in range(NUM_FEATURES)
+    )
+    if norm <= 0:
+        return theta0
+    factor = sum(t * b for t, b in zip(theta0, zy, strict=True)) / norm
+    return [t * max(factor, 0.0) for t in theta0]
 
 
 def _ridge(

@@ -89,6 +89,19 @@ def test_samples_of_one_size_fit_that_size_and_keep_the_priors_shape() -> None:
     assert min(fitted.as_tuple()) > 0
 
 
+def test_short_steps_of_a_node_faster_than_the_prior_keep_a_per_token_cost() -> None:
+    # A prefill node that has only run one short prompt, ten times faster than the prior
+    # says: the split between base and per-token cost is open, and pulled towards the prior
+    # as it stands, non-negativity would put it all in the base and price a long prompt like
+    # a short one (and prefilling it beside a decode's streams as free).
+    short = StepSample(1, 15, 0, DEFAULT_PRIOR.step_seconds(1, 15, 0) / 10)
+    fitted = fit_step_time([short] * 9, DEFAULT_PRIOR)
+    assert fitted.per_token_s > 0
+    long_s = fitted.step_seconds(1, 1260, 0)
+    want = DEFAULT_PRIOR.step_seconds(1, 1260, 0) / 10
+    assert want / 2 < long_s < want * 2
+
+
 def test_moments_remove_what_they_added() -> None:
     m = Moments()
     m.add((1.0, 2.0, 3.0), 4.0)

@@ -23,7 +23,8 @@ async def heartbeat_loop(
     """Publishes ``status()`` every interval until cancelled. A status that takes longer than
     an interval (an engine wedged under its lock, say) is replaced by ``fallback()``, which
     must not wait on anything: a stuck node still says, in time, that it is unhealthy. A
-    failed beat is logged and the next one tried, so a bus hiccup never silences a node."""
+    failed beat is logged and the next one tried, so a bus hiccup never silences a node; none
+    is sent while the bus is down."""
     while True:
         started = time.monotonic()
         try:
@@ -36,7 +37,10 @@ async def heartbeat_loop(
                 beat = fallback()
                 beat.healthy = False
             beat.ts = time.time()
-            await bus.publish(subjects.heartbeats(beat.role, beat.node_id), beat)
+            # A beat published while the bus is down waits in the client's buffer and
+            # arrives after reconnection saying stale things; the next one is made fresh.
+            if bus.connected:
+                await bus.publish(subjects.heartbeats(beat.role, beat.node_id), beat)
         except asyncio.CancelledError:
             raise
         except Exception:

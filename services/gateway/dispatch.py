@@ -150,8 +150,8 @@ class Dispatcher:
 
     async def _on_disconnect(self, data: bytes) -> None:
         name = disconnected_name(data)
-        if name is not None:
-            self.liveness.disconnected(name, self.clock())
+        if name is not None and self.liveness.disconnected(name, self.clock()) is not None:
+            log.info("NATS reports that %s's connection closed", name)
 
     async def _on_check(self, check: GatewayCheck) -> GatewayCheckReply:
         return GatewayCheckReply(unknown=[i for i in check.request_ids if i not in self.in_flight])

@@ -4,6 +4,7 @@ No HTTP, no NATS here."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ from services.gateway.requests import PreparedRequest
 from shared import phases
 from shared.messages import ReplayReply, SubmitReply, TokenChunk
 from shared.model.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 #: How often a run looks at its choices when no event wakes it.
 TICK_S = 0.2
@@ -296,6 +299,11 @@ class Run:
         if act is Act.REPLAY:
             self._flight.replay(stream, watch.owner, choice.next_index)
         elif act is Act.RESUME:
+            log.warning(
+                "resuming choice %d of %s from token %d: %s (was on %s, move %d)",
+                stream.index, self.request.id, choice.next_index, watch.reason,
+                watch.owner or "no node yet", watch.resumes,
+            )  # fmt: skip
             self._flight.resume(stream, list(choice.token_ids))
         elif act is Act.FAIL:
             self._flight.end(stream.index)

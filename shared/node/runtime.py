@@ -195,7 +195,13 @@ class NodeRuntime:
     # -- state and output ---------------------------------------------------------------
 
     def healthy(self) -> bool:
-        return self.bus.connected and not self.host.stuck()
+        """For /healthz: the bus is up and the engine steps."""
+        return self.bus.connected and self.engine_healthy()
+
+    def engine_healthy(self) -> bool:
+        """What heartbeats say: one that arrives proves the bus, and one made while the bus
+        was down, sent once it is back, would call a working node unhealthy."""
+        return not self.host.stuck()
 
     @property
     def takes_work(self) -> bool:
@@ -290,7 +296,7 @@ class NodeRuntime:
         snap = await self.host.load_snapshot()
         load, stats, engine = snap.load, snap.stats, self.engine
         status = self._bare()
-        status.healthy = self.healthy()
+        status.healthy = self.engine_healthy()
         status.queued_tokens = load.queued_tokens
         status.running_seqs = load.running_seqs + load.waiting_seqs
         status.free_blocks = load.free_blocks
@@ -322,7 +328,7 @@ class NodeRuntime:
             node_id=self.node_id,
             role=self.role_name,
             epoch=self.epoch,
-            healthy=self.healthy(),
+            healthy=self.engine_healthy(),
             draining=self.draining,
             transfer_kind=self.settings.transfer,
             transfer_address=self.server.address,

@@ -10,6 +10,7 @@ from typing import Any
 
 from shared import subjects
 from shared.cluster_messages import NodeStatus
+from shared.memory_bus import MemoryBus
 from shared.secrets import secret_fingerprint
 from tests.engine.conftest import EngineFactory
 from tests.node.cluster import SECRET, Cluster, request
@@ -68,6 +69,41 @@ def test_heartbeats_carry_the_cache_secret_fingerprint(make_engine: EngineFactor
             status = await cluster.prefills["p0"].node.status()
             assert status.secret_fingerprint == secret_fingerprint(SECRET)
             assert status.epoch == cluster.prefills["p0"].node.epoch and status.healthy
+        finally:
+            await cluster.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_node_whose_bus_dropped_stays_quiet_then_beats_healthy(
+    make_engine: EngineFactory,
+) -> None:
+    # After a NATS restart, a beat made while the bus was down used to arrive once it was back
+    # saying "unhealthy" (the bus was down when it was made), and the gateway moved every
+    # stream off nodes that had never stopped.
+    async def scenario() -> None:
+        cluster = Cluster(make_engine)
+        await cluster.start(decodes=0)
+        node = cluster.prefills["p0"].node
+        beats: list[NodeStatus] = []
+
+        async def on_beat(status: NodeStatus) -> None:
+            beats.append(status)
+
+        await cluster.bus.subscribe(subjects.heartbeats("prefill", "p0"), NodeStatus, on_beat)
+        try:
+            assert isinstance(node.bus, MemoryBus)
+            node.bus.connected = False
+            assert not node.healthy()  # /healthz tells of the lost bus
+            status = await node.status()
+            assert status.healthy  # a beat that arrives proves the bus
+            await asyncio.sleep(0.1)
+            heard = len(beats)
+            await asyncio.sleep(0.6)  # three intervals
+            assert len(beats) == heard
+            await node.bus.reconnect()
+            await asyncio.sleep(0.5)
+            assert len(beats) > heard and all(b.healthy for b in beats[heard:])
         finally:
             await cluster.stop()
 

@@ -16,7 +16,8 @@ from shared.engine.rope_scopes import RopeScopes
 from shared.engine.runner import ModelRunner
 from shared.engine.scheduler import RopeRestart, Scheduler, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
-from shared.engine.threads import set_step_threads
+from shared.engine.step_governor import StepGovernor
+from shared.engine.threads import run_delay_s, set_step_threads, step_threads
 from shared.engine.types import (
     EngineLoad,
     EngineStats,
@@ -80,6 +81,9 @@ class LLMEngine:
         self.step_timings: deque[StepTiming] = deque(maxlen=256)
         # The host's core ledger, where model processes share their cores step by step.
         self.cores: HostCores | None = None
+        # Prompt steps go to one thread while processes outside the ledger take cores.
+        self.governor = StepGovernor()
+        self.max_threads = self._threads_set = step_threads()
 
     def add_request(
         self,
@@ -215,15 +219,17 @@ class LLMEngine:
             if plan.is_empty():
                 return []
             context = sum(c.seq.num_computed_tokens for c in plan.chunks)
-        if self.cores is not None:
-            set_step_threads(self.cores.begin_step())
-        started = time.perf_counter()
+        prompt_step = any(c.num_new > 1 for c in plan.chunks)
+        threads = self._step_threads(prompt_step)
+        started, delay_started = time.perf_counter(), run_delay_s()
         try:
             sampled, failed = self._execute(plan)
         finally:
             if self.cores is not None:
                 self.cores.end_step()
         elapsed = time.perf_counter() - started
+        if prompt_step:
+            self.governor.record(threads, elapsed, run_delay_s() - delay_started)
         with self.lock:
             tokens = sum(c.num_new for c in plan.chunks)
             self.step_timings.append(StepTiming(len(plan.chunks), tokens, context, elapsed))
@@ -236,6 +242,17 @@ class LLMEngine:
             if self.cores is not None and not self.has_unfinished_requests():
                 self.cores.idle()
             return outputs
+
+    def _step_threads(self, prompt_step: bool) -> int:
+        """Sets and returns the next step's thread count: the ledger's share of the cores (or
+        every thread configured), one while the governor says cores are taken."""
+        if step_threads() != self._threads_set:
+            self.max_threads = step_threads()  # set from outside since the last step
+        wanted = self.cores.begin_step() if self.cores is not None else self.max_threads
+        threads = self.governor.threads(wanted) if prompt_step else wanted
+        set_step_threads(threads)
+        self._threads_set = threads
+        return threads
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         """Convenience for scripts and tests: runs prompts to completion as one batch."""

@@ -10,6 +10,7 @@ choice).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -32,3 +33,20 @@ def set_step_threads(count: int) -> None:
     """Runs the next parallel work of this process on ``count`` threads."""
     if torch.get_num_threads() != count:
         torch.set_num_threads(count)
+
+
+def step_threads() -> int:
+    """How many threads this process computes with now."""
+    return torch.get_num_threads()
+
+
+_SCHEDSTAT = Path("/proc/thread-self/schedstat")
+
+
+def run_delay_s() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a core, by the kernel's
+    scheduler statistics; 0.0 where the kernel does not keep them."""
+    try:
+        return int(_SCHEDSTAT.read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0

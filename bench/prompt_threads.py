@@ -63,7 +63,7 @@ class Prompts:
 
 
 def measure(engine: LLMEngine, prompts: Prompts, spin: bool, governor: StepGovernor) -> float:
-    engine.governor = governor  # each condition keeps its own, as a long contention would
+    engine.threads.governor = governor  # each condition keeps its own, as a long contention would
     if not spin:
         return prompts.one()
     busy = subprocess.Popen([sys.executable, "-c", SPIN])
@@ -96,7 +96,7 @@ def main() -> None:
         for name, (spin, governor) in conditions.items():
             times[name].append(measure(engine, prompts, spin, governor))
             delays[name].append(prompts.delays[-1])
-    table = Table(title=f"{args.tokens}-token prompts, {engine.max_threads} threads")
+    table = Table(title=f"{args.tokens}-token prompts, {engine.threads.max_threads} threads")
     for column in ("condition", "median ms", "p95 ms", "median / idle", "run delay share"):
         table.add_column(column, justify="right")
     base = statistics.median(times["idle machine"])

@@ -9,15 +9,13 @@ from collections import deque
 
 from shared.engine.cache_exchange import CacheExchange
 from shared.engine.config import EngineConfig
-from shared.engine.host_cores import HostCores
 from shared.engine.kv_manager import KVCacheManager
 from shared.engine.request_checks import check_request_fits
 from shared.engine.rope_scopes import RopeScopes
 from shared.engine.runner import ModelRunner
 from shared.engine.scheduler import RopeRestart, Scheduler, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
-from shared.engine.step_governor import StepGovernor
-from shared.engine.threads import run_delay_s, set_step_threads, step_threads
+from shared.engine.step_threads import StepThreads
 from shared.engine.types import (
     EngineLoad,
     EngineStats,
@@ -79,11 +77,9 @@ class LLMEngine:
         self.lock = threading.RLock()
         # Recent step timings, drained by the node into its heartbeats.
         self.step_timings: deque[StepTiming] = deque(maxlen=256)
-        # The host's core ledger, where model processes share their cores step by step.
-        self.cores: HostCores | None = None
-        # Prompt steps go to one thread while processes outside the ledger take cores.
-        self.governor = StepGovernor()
-        self.max_threads = self._threads_set = step_threads()
+        # Each step's thread count: the host's core ledger share, one for prompt steps while
+        # processes outside the ledger take cores.
+        self.threads = StepThreads()
 
     def add_request(
         self,
@@ -219,17 +215,13 @@ class LLMEngine:
             if plan.is_empty():
                 return []
             context = sum(c.seq.num_computed_tokens for c in plan.chunks)
-        prompt_step = any(c.num_new > 1 for c in plan.chunks)
-        threads = self._step_threads(prompt_step)
-        started, delay_started = time.perf_counter(), run_delay_s()
+        self.threads.begin(any(c.num_new > 1 for c in plan.chunks))
+        started = time.perf_counter()
         try:
             sampled, failed = self._execute(plan)
         finally:
-            if self.cores is not None:
-                self.cores.end_step()
-        elapsed = time.perf_counter() - started
-        if prompt_step:
-            self.governor.record(threads, elapsed, run_delay_s() - delay_started)
+            elapsed = time.perf_counter() - started
+            self.threads.end(elapsed)
         with self.lock:
             tokens = sum(c.num_new for c in plan.chunks)
             self.step_timings.append(StepTiming(len(plan.chunks), tokens, context, elapsed))
@@ -239,20 +231,9 @@ class LLMEngine:
             self.stats.preemptions += len(plan.preempted)
             outputs = [self._fail(seq, error) for seq, error in failed.items()]
             outputs += [self._append(seq, token) for seq, token in sampled]
-            if self.cores is not None and not self.has_unfinished_requests():
-                self.cores.idle()
+            if not self.has_unfinished_requests():
+                self.threads.idle()
             return outputs
-
-    def _step_threads(self, prompt_step: bool) -> int:
-        """Sets and returns the next step's thread count: the ledger's share of the cores (or
-        every thread configured), one while the governor says cores are taken."""
-        if step_threads() != self._threads_set:
-            self.max_threads = step_threads()  # set from outside since the last step
-        wanted = self.cores.begin_step() if self.cores is not None else self.max_threads
-        threads = self.governor.threads(wanted) if prompt_step else wanted
-        set_step_threads(threads)
-        self._threads_set = threads
-        return threads
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[RequestOutput]:
         """Convenience for scripts and tests: runs prompts to completion as one batch."""

@@ -104,5 +104,5 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
     engine = LLMEngine(runner, engine_config, config.model_id, grammars)
     if settings.share_cores and device.type == "cpu":
         cores = os.sched_getaffinity(0)
-        engine.cores = HostCores(default_ledger_path(), cores, torch.get_num_threads())
+        engine.threads.cores = HostCores(default_ledger_path(), cores, torch.get_num_threads())
     return LoadedEngine(engine, tokenizer, files)

@@ -134,18 +134,20 @@ def _qwen3() -> Any:
     return Qwen3Config(**(_SIZES | extra))
 
 
+#: Qwen3-MoE's expert settings, shared by the mixed and the all-sparse variants.
+_QWEN3_MOE = {
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "norm_topk_prob": True,
+    "moe_intermediate_size": 32,
+    "tie_word_embeddings": False,
+}
+
+
 def _qwen3_moe() -> Any:
     from transformers import Qwen3MoeConfig
 
-    extra = {
-        "num_hidden_layers": 3,
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "norm_topk_prob": True,
-        "moe_intermediate_size": 32,
-        "mlp_only_layers": [1],
-        "tie_word_embeddings": False,
-    }
+    extra = _QWEN3_MOE | {"num_hidden_layers": 3, "mlp_only_layers": [1]}
     return Qwen3MoeConfig(**(_SIZES | extra))
 
 
@@ -154,15 +156,7 @@ def _qwen3_moe_sparse() -> Any:
 
     # llama.cpp's qwen3moe has no dense layers (its converter cannot map their tensors), so
     # GGUF files of Qwen3-MoE are written from this variant: every layer sparse.
-    extra = {
-        "num_hidden_layers": 2,
-        "num_experts": 8,
-        "num_experts_per_tok": 2,
-        "norm_topk_prob": True,
-        "moe_intermediate_size": 32,
-        "tie_word_embeddings": False,
-    }
-    return Qwen3MoeConfig(**(_SIZES | extra))
+    return Qwen3MoeConfig(**(_SIZES | _QWEN3_MOE | {"num_hidden_layers": 2}))
 
 
 def _gemma2() -> Any:

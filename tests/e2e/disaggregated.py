@@ -55,9 +55,8 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 
 
 #: Tries at a hand-off. Placement weighs a local prefill against a hand-off from measured
-#: step times; on a host loaded by other work those can, now and then, make the decode node's
-#: own prefill look cheaper even with a stream to pause, and the request is then not the one
-#: the tests look at.
+#: step times, which move with whatever else the host runs; a prompt the decode node took
+#: itself is not the one the tests look at, so another is sent.
 TRIES = 3
 
 

@@ -130,3 +130,34 @@ def test_a_rows_product_does_not_depend_on_the_batch(qtype: GGMLQuantizationType
     for m in (2, 8, 9, 24):
         batch = torch.ops.crescent.ggml_matmul(x[:m], blocks, int(qtype), k)
         assert torch.equal(batch[:1], alone), m
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("m", [1, 2, 5, 24])
+def test_integer_dot_products_keep_fp32_precision(qtype: GGMLQuantizationType, m: int) -> None:
+    """The K-quants multiply few rows on integers (cpu_kernels/ggml_intdot.h): an outlier
+    thousands of times the rest, a block of zeros and subnormal values keep a product as close
+    to the float64 one as torch's fp32 matmul comes (about 7e-7 of the sum of magnitudes
+    here), ten times closer than the bound every format meets."""
+    k, n = 768, 50
+    rows = random_rows(qtype, n, k, seed=40 + m)
+    weights = expanded(rows, qtype, k).double()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    x[0, 3] = 5000.0
+    x[:, 256:512] = 0.0
+    x[-1, 600:640] = 1e-41
+    got = torch.ops.crescent.ggml_matmul(x, torch.from_numpy(rows), int(qtype), k).double()
+    want = x.double() @ weights.T
+    scale = x.double().abs() @ weights.abs().T
+    assert ((got - want).abs() <= 1e-6 * scale + 1e-35).all(), qtype.name
+
+
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_a_nan_or_infinite_input_is_not_hidden(qtype: GGMLQuantizationType) -> None:
+    k = 512
+    rows = torch.from_numpy(random_rows(qtype, 6, k, seed=5))
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(1))
+    x[0, 7], x[1, 300] = float("nan"), float("inf")
+    got = torch.ops.crescent.ggml_matmul(x, rows, int(qtype), k)
+    assert got[:2].isnan().all()
+    assert got[2].isfinite().all()

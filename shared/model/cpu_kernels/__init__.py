@@ -47,6 +47,24 @@ CXXFLAGS = (
 )
 COMPILE_TIMEOUT_S = 600
 
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def compile_flags() -> tuple[str, ...]:
+    """CXXFLAGS, plus VNNI where this CPU has it: the integer dot products of the K-quants
+    (ggml_intdot.h) take one instruction per 32 weights with it, two without."""
+    return CXXFLAGS + (("-mavx512vnni",) if "avx512_vnni" in _cpu_flags() else ())
+
+
 _loaded: bool | None = None
 
 
@@ -94,7 +112,7 @@ def _command(output: Path) -> list[str]:
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
         _compiler(),
-        *CXXFLAGS,
+        *compile_flags(),
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-I{include}",
         *(str(source) for source in SOURCES),
@@ -111,7 +129,7 @@ def library_path(cache_dir: Path) -> Path:
     digest = hashlib.sha256()
     for path in (*SOURCES, *HEADERS):
         digest.update(path.read_bytes())
-    digest.update("\0".join((*CXXFLAGS, _compiler(), torch.__version__)).encode())
+    digest.update("\0".join((*compile_flags(), _compiler(), torch.__version__)).encode())
     return cache_dir / "kernels" / f"crescent-{digest.hexdigest()[:16]}.so"
 
 

@@ -52,7 +52,9 @@ DecodeJob::DecodeJob(const LlamaWeights& model, const Batch& batch, float* logit
     phases_[k].taken = taken_.get() + offset;
   const int64_t attention_out = m_.group() * m_.partial_size() + 2 * m_.head_dim;
   out_size_ = std::max(B * max_rows, attention_out);
-  own_size_ = B * (H + m_.attn_width() + m_.inter) + out_size_;
+  const int64_t widest = std::max({H, m_.attn_width(), m_.inter});
+  split_size_ = formats::SplitRows::floats(B, widest);
+  own_size_ = B * (H + m_.attn_width() + m_.inter) + out_size_ + split_size_;
   scratch_.resize(participants * own_size_);
   const uint8_t* table = m_.embed.data_ptr<uint8_t>();
   const int64_t stride = m_.embed.stride(0);
@@ -94,7 +96,8 @@ void DecodeJob::work() {
   float* base = scratch_.data() + slot * own_size_;
   float* attn = base + B * m_.hidden;
   float* act = attn + B * m_.attn_width();
-  const Own own{base, attn, act, act + B * m_.inter};
+  float* out = act + B * m_.inter;
+  const Own own{base, attn, act, out, out + out_size_};
   int64_t waited = 0;
   for (int64_t k = 0; k < num_phases_; ++k) waited += run_phase(k, own);
   waited_ns_.fetch_add(waited, std::memory_order_relaxed);
@@ -143,18 +146,29 @@ bool DecodeJob::compute(int64_t k, int64_t chunk, const Own& own) {
     attend(k / kPerLayer, items_[chunk], own.out);
     return true;
   }
-  const float* x = own.normed;
-  int64_t ldx = m_.hidden;
-  if (k != num_phases_ - 1 && k % kPerLayer == kOutput) x = own.attn, ldx = m_.attn_width();
-  if (k != num_phases_ - 1 && k % kPerLayer == kDown) x = own.act, ldx = m_.inter;
+  const Input in = input_of(k, own);
+  const std::optional<formats::SplitRows> split = split_of(k, own);
+  const formats::SplitRows* xs = split ? &*split : nullptr;
   const Rows rows = rows_of(*w, k, chunk);
   const int64_t tiles = (rows.count + kTileRows - 1) / kTileRows;
   for (int64_t t = 0; t < tiles; ++t) {
     if (phases_[k].committed(chunk)) return false;
-    weight_tile(*w, x, ldx, batch_.rows, own.out, rows.count, rows.first / kTileRows + t,
-                rows.first);
+    weight_tile(*w, in.x, in.width, xs, batch_.rows, own.out, rows.count,
+                rows.first / kTileRows + t, rows.first);
   }
   return true;
+}
+
+DecodeJob::Input DecodeJob::input_of(int64_t k, const Own& own) const {
+  if (k != num_phases_ - 1 && k % kPerLayer == kOutput) return {own.attn, m_.attn_width()};
+  if (k != num_phases_ - 1 && k % kPerLayer == kDown) return {own.act, m_.inter};
+  return {own.normed, m_.hidden};
+}
+
+std::optional<formats::SplitRows> DecodeJob::split_of(int64_t k, const Own& own) const {
+  const int64_t width = input_of(k, own).width;
+  if (width % 32 != 0) return std::nullopt;
+  return formats::SplitRows::in(own.split, batch_.rows, width);
 }
 
 // Writes a computed chunk into the shared buffers: once per chunk, by the thread that took it.
@@ -191,19 +205,27 @@ void DecodeJob::commit(int64_t k, int64_t chunk, const Own& own) {
 
 // What a thread computes for itself before its first chunk of a phase: small enough that
 // each computing it beats sharing it through one more phase.
+// A projection's input is then split for the integer dot products.
 void DecodeJob::prologue(int64_t phase, const Own& own) const {
   const int64_t B = batch_.rows, layer = phase / kPerLayer;
-  if (phase == num_phases_ - 1) return m_.rms_norm(x_.data(), m_.norm(2 * m_.layers), own.normed, B);
-  switch (phase % kPerLayer) {
-    case kQkv: return m_.rms_norm(x_.data(), m_.norm(2 * layer), own.normed, B);
-    case kOutput: return merge(own.attn);
-    case kGateUp: return m_.rms_norm(x_.data(), m_.norm(2 * layer + 1), own.normed, B);
-    case kDown:
-      for (int64_t r = 0; r < B; ++r)
-        silu_mul(&gate_up_[r * 2 * m_.inter], &gate_up_[r * 2 * m_.inter + m_.inter],
-                 own.act + r * m_.inter, m_.inter);
-      return;
-    default: return;
+  if (phase == num_phases_ - 1) {
+    m_.rms_norm(x_.data(), m_.norm(2 * m_.layers), own.normed, B);
+  } else {
+    switch (phase % kPerLayer) {
+      case kQkv: m_.rms_norm(x_.data(), m_.norm(2 * layer), own.normed, B); break;
+      case kOutput: merge(own.attn); break;
+      case kGateUp: m_.rms_norm(x_.data(), m_.norm(2 * layer + 1), own.normed, B); break;
+      case kDown:
+        for (int64_t r = 0; r < B; ++r)
+          silu_mul(&gate_up_[r * 2 * m_.inter], &gate_up_[r * 2 * m_.inter + m_.inter],
+                   own.act + r * m_.inter, m_.inter);
+        break;
+      default: return;  // attention
+    }
+  }
+  if (const std::optional<formats::SplitRows> split = split_of(phase, own)) {
+    const Input in = input_of(phase, own);
+    formats::split_rows(in.x, in.width, *split);
   }
 }
 

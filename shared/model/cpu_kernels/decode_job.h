@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "llama_weights.h"
@@ -37,6 +38,11 @@ class DecodeJob {
   enum Kind { kQkv, kAttention, kOutput, kGateUp, kDown, kPerLayer };
   struct Own {  // a participant's private buffers
     float *normed, *attn, *act, *out;
+    float* split;  // the phase's input split for integer dot products (ggml_intdot.h)
+  };
+  struct Input {  // what a projection multiplies
+    const float* x;
+    int64_t width;
   };
   struct WorkItem {  // attention for the query heads of one KV head, over one span of a row
     int64_t row, kv_head, span;
@@ -52,6 +58,9 @@ class DecodeJob {
   bool compute(int64_t phase, int64_t chunk, const Own& own);
   void commit(int64_t phase, int64_t chunk, const Own& own);
   void prologue(int64_t phase, const Own& own) const;
+  Input input_of(int64_t phase, const Own& own) const;
+  // The split of the phase's input, or none where the input's width does not allow one.
+  std::optional<formats::SplitRows> split_of(int64_t phase, const Own& own) const;
   void attend(int64_t layer, const WorkItem& item, float* out) const;
   void commit_attention(int64_t layer, const WorkItem& item, const float* out);
   void merge(float* out) const;
@@ -62,7 +71,7 @@ class DecodeJob {
   const int participants_;
   std::vector<WorkItem> items_;
   std::vector<float> x_, qkv_, gate_up_, partials_, scratch_;
-  int64_t num_phases_, tile_chunks_, own_size_, out_size_;
+  int64_t num_phases_, tile_chunks_, own_size_, out_size_, split_size_;
   std::unique_ptr<Phase[]> phases_;
   std::unique_ptr<std::atomic<uint8_t>[]> taken_;
   std::atomic<int> joined_{0};

@@ -9,13 +9,13 @@
 
 #include <algorithm>
 
+#include "ggml_intdot.h"
 #include "ggml_rows.h"
 
 namespace crescent::formats {
 
 constexpr int kTileRows = 3;  // rows of W expanded together: 3 x 8 accumulators fit
 constexpr int kMaxXRows = 8;  // rows of x per pass over a tile
-constexpr int64_t kAheadBytes = 8192;  // how far ahead of the expansion W is prefetched
 
 template <typename Fmt, int MR, int NR>
 void block_tile(const float* x, int64_t ldx, const uint8_t* w, int64_t row_bytes, int64_t K,
@@ -80,15 +80,44 @@ void matmul_rows(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64
   }
 }
 
+// As matmul_rows, from x split for integer dot products (ggml_intdot.h), for the formats
+// that have them; `xs` holds the same M rows.
+template <typename Fmt>
+void int_matmul_rows(const SplitRows& xs, int64_t M, const uint8_t* w, int64_t row_bytes,
+                     int64_t nr, float* y, int64_t ldy) {
+  for (int64_t m0 = 0; m0 < M; m0 += kIntRows) {
+    const int64_t mr = std::min<int64_t>(kIntRows, M - m0);
+    float* ym = y + m0 * ldy;
+    if (nr == kTileRows) {
+      int_tile_rows<Fmt, kTileRows>(xs, m0, mr, w, row_bytes, ym, ldy);
+    } else {
+      for (int64_t j = 0; j < nr; ++j)
+        int_tile_rows<Fmt, 1>(xs, m0, mr, w + j * row_bytes, row_bytes, ym + j, ldy);
+    }
+  }
+}
+
+// The integer path where the format has one and `xs` is given, else the fp32 one.
+template <typename Fmt>
+void matmul_rows_best(const float* x, int64_t ldx, const SplitRows* xs, int64_t M,
+                      const uint8_t* w, int64_t row_bytes, int64_t nr, int64_t K, float* y,
+                      int64_t ldy) {
+  if constexpr (IntBlock<Fmt>::kHas) {
+    if (xs != nullptr) return int_matmul_rows<Fmt>(*xs, M, w, row_bytes, nr, y, ldy);
+  }
+  matmul_rows<Fmt>(x, ldx, M, w, row_bytes, nr, K, y, ldy);
+}
+
 // Tiles [t0, t1) of y[M, N] (row stride ldy), on the calling thread; tile t covers W's rows
 // t * kTileRows onwards.
 template <typename Fmt>
-void matmul_tiles(const float* x, int64_t ldx, int64_t M, const uint8_t* w, int64_t row_bytes,
-                  int64_t N, int64_t K, float* y, int64_t ldy, int64_t t0, int64_t t1) {
+void matmul_tiles(const float* x, int64_t ldx, const SplitRows* xs, int64_t M, const uint8_t* w,
+                  int64_t row_bytes, int64_t N, int64_t K, float* y, int64_t ldy, int64_t t0,
+                  int64_t t1) {
   for (int64_t t = t0; t < t1; ++t) {
     const int64_t n0 = t * kTileRows;
     const int64_t nr = std::min<int64_t>(kTileRows, N - n0);
-    matmul_rows<Fmt>(x, ldx, M, w + n0 * row_bytes, row_bytes, nr, K, y + n0, ldy);
+    matmul_rows_best<Fmt>(x, ldx, xs, M, w + n0 * row_bytes, row_bytes, nr, K, y + n0, ldy);
   }
 }
 

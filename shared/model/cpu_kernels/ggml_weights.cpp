@@ -10,6 +10,7 @@
 
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <vector>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -73,8 +74,18 @@ at::Tensor ggml_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t qt
     if (M <= kMaxRegisterRows) {
       const float* xp = x.data_ptr<float>();
       float* yp = y.data_ptr<float>();
+      // Split once for the formats with integer dot products; each tile reads the split.
+      std::vector<float> storage;
+      SplitRows split;
+      const SplitRows* xs = nullptr;
+      if constexpr (IntBlock<Fmt>::kHas) {
+        storage.resize(SplitRows::floats(M, K));
+        split = SplitRows::in(storage.data(), M, K);
+        split_rows(xp, x.stride(0), split);
+        xs = &split;
+      }
       at::parallel_for(0, matmul_tile_count(N), 16, [&](int64_t t0, int64_t t1) {
-        matmul_tiles<Fmt>(xp, x.stride(0), M, w, stride, N, K, yp, N, t0, t1);
+        matmul_tiles<Fmt>(xp, x.stride(0), xs, M, w, stride, N, K, yp, N, t0, t1);
       });
       return;
     }

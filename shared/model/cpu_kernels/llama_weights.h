@@ -34,11 +34,13 @@ struct Weight {
   int64_t rows, cols;
 };
 
-// Tile t of y[M, rows] = x[M, cols] . W^T on the calling thread, y's columns starting at
+// Tile t of y[M, rows] = x[M, cols] . W^T on the calling thread (from `xs`, x split, for the
+// formats with integer dot products), y's columns starting at
 // weight row `first_row`. A tile may straddle two parts: each row is summed the same way
 // whichever tile holds it.
-inline void weight_tile(const Weight& w, const float* x, int64_t ldx, int64_t M, float* y,
-                        int64_t ldy, int64_t t, int64_t first_row) {
+inline void weight_tile(const Weight& w, const float* x, int64_t ldx,
+                        const formats::SplitRows* xs, int64_t M, float* y, int64_t ldy, int64_t t,
+                        int64_t first_row) {
   int64_t r0 = t * kTileRows;
   const int64_t r1 = std::min(r0 + kTileRows, w.rows);
   int64_t part_start = 0;
@@ -48,8 +50,8 @@ inline void weight_tile(const Weight& w, const float* x, int64_t ldx, int64_t M,
       const int64_t n = std::min(r1, part_end) - r0;
       const uint8_t* rows = p.data + (r0 - part_start) * p.row_bytes;
       formats::visit_format(p.qtype, [&](auto fmt) {
-        formats::matmul_rows<decltype(fmt)>(x, ldx, M, rows, p.row_bytes, n, w.cols,
-                                            y + (r0 - first_row), ldy);
+        formats::matmul_rows_best<decltype(fmt)>(x, ldx, xs, M, rows, p.row_bytes, n, w.cols,
+                                                 y + (r0 - first_row), ldy);
       });
       r0 += n;
     }

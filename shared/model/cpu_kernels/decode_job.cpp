@@ -12,7 +12,7 @@ namespace {
 // Chunks a projection's tiles are claimed in, per participant: enough that a thread that
 // joins late or loses its core leaves the rest to the others, few enough that claiming stays
 // cheap next to the work.
-constexpr int64_t kChunksPerThread = 4;
+constexpr int64_t kChunksPerThread = 8;
 // How long a thread with nothing left to claim waits for a phase's open chunks before it
 // computes one itself: a multiple of its own last chunk's time in the phase, and at least
 // kMinGraceNs, so that a thread merely a little behind is not duplicated.

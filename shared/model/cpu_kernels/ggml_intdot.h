@@ -107,11 +107,13 @@ inline __m512i widen_bytes(const uint8_t* p) {
 }
 
 // A super-block as eight vectors of 32 int16 weights (chunk c: weights 32c..32c+31), its
-// scale d and, per chunk, the weight of x's sum (0 for formats without a minimum).
+// scale d and, per chunk, the weight of x's sum (formats with a minimum). kTiled: whether
+// rows of W go through a tile together (as measured: Q6_K's longer unpacking overlaps better
+// so, Q4_K's scalar header work does not).
 template <typename Fmt> struct IntBlock { static constexpr bool kHas = false; };
 
 template <> struct IntBlock<Format<kQ4_K>> {
-  static constexpr bool kHas = true, kHasMin = true;
+  static constexpr bool kHas = true, kHasMin = true, kTiled = false;
   // Weight = d * sc * q - dmin * m: the int16 weight is sc * q.
   static float unpack(const uint8_t* b, __m512i w[8], float mins[8]) {
     uint32_t a, m, md;
@@ -133,7 +135,7 @@ template <> struct IntBlock<Format<kQ4_K>> {
 };
 
 template <> struct IntBlock<Format<kQ6_K>> {
-  static constexpr bool kHas = true, kHasMin = false;
+  static constexpr bool kHas = true, kHasMin = false, kTiled = true;
   // Weight = d * sc * (q - 32), a scale per 16 weights: the int16 weight is sc * (q - 32).
   static float unpack(const uint8_t* b, __m512i w[8], float*) {
     // 16 int8 scales as int16 lanes 0-15 (the block ends 2 bytes after them: no wider load).

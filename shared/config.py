@@ -30,6 +30,11 @@ class EngineSettings(BaseSettings):
     )
     device: str = Field(default="auto", description="cpu, cuda, cuda:N or auto")
     dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="What the KV cache stores, in pools, hand-offs and tiers; auto: the "
+        "model's dtype (float32 on CPU). bfloat16 and float16 halve KV memory and traffic",
+    )
     enable_prefix_caching: bool = Field(default=True, description="reuse cached prompt blocks")
     num_threads: int | None = Field(
         default=None,

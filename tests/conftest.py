@@ -105,7 +105,7 @@ def make_real_engine(
             "eos_token_ids": model_files.config.eos_token_ids,
         }
         config = EngineConfig(**(settings | overrides))
-        layout = KVLayout.for_model(model_files.config, config.block_size, "float32")
+        layout = KVLayout.for_model(model_files.config, config.block_size, config.kv_dtype)
         cache = PagedKVCache(layout, config.num_kv_blocks)
         runner = ModelRunner(with_model or model, cache, fused_decode)
         return LLMEngine(runner, config, model_files.config.model_id, grammars)

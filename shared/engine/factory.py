@@ -83,7 +83,8 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
     config = files.config
     model = load_model(settings, files)
     tokenizer = Tokenizer.from_dir(files.path)
-    layout = KVLayout.for_model(config, settings.block_size, dtype)
+    kv_dtype = dtype if settings.kv_dtype == "auto" else settings.kv_dtype
+    layout = KVLayout.for_model(config, settings.block_size, kv_dtype)
     num_blocks = max(1, num_blocks_for_bytes(layout, settings.kv_cache_mb * 2**20))
     max_len = min(settings.max_model_len or config.context_length, config.context_length)
     eos = set(config.eos_token_ids)
@@ -96,7 +97,7 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=max_len,
         enable_prefix_caching=settings.enable_prefix_caching,
-        kv_dtype=dtype,
+        kv_dtype=kv_dtype,
         eos_token_ids=tuple(sorted(eos)),
     )
     runner = ModelRunner(model, PagedKVCache(layout, num_blocks, device), settings.fused_decode)

@@ -34,6 +34,8 @@ class ModelRunner:
         self._windows = sorted({w for w in config.layer_windows if w is not None})
         # Grown on demand, never shrunk: the decode group's gathered K and V of each layer.
         self._gather_space = torch.empty(0, device=self.device, dtype=cache.tensor.dtype)
+        # What attention computes in (the cache may store less: CRESCENT_KV_DTYPE).
+        self.compute_dtype = model.norm.weight.dtype
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> list[tuple[Sequence, SampledToken]]:
@@ -146,7 +148,7 @@ class ModelRunner:
         hidden = torch.arange(span, device=self.device).unsqueeze(0) >= lens_t.unsqueeze(1)
         # An additive mask, made once per step: given a bool mask, attention would convert it
         # in every layer.
-        mask = torch.zeros(hidden.shape, dtype=self.cache.tensor.dtype, device=self.device)
+        mask = torch.zeros(hidden.shape, dtype=self.compute_dtype, device=self.device)
         mask.masked_fill_(hidden, float("-inf"))
         chunks = self.cache.chunks_by_layer(self.cache.block_chunks(padded).to(self.device))
         return chunks, mask.view(len(tables), 1, 1, span)

@@ -79,19 +79,28 @@ def paged_attention(
     Shapes: q ``[T, heads, dim]``, k and v ``[T, kv_heads, dim]``; returns ``[T, heads, dim]``.
     """
     t, kv_heads, dim = k.shape
-    cache.rows.index_copy_(0, meta.slot_rows[layer, 0], k.reshape(t, -1))
-    cache.rows.index_copy_(0, meta.slot_rows[layer, 1], v.reshape(t, -1))
+    stored = cache.rows.dtype
+    if stored != k.dtype:
+        # Every query sees K and V as the cache holds them, the new tokens' too, so a prompt
+        # computes the same whether its prefix was cached, chunked or computed with it.
+        k_stored, v_stored = k.to(stored), v.to(stored)
+        k, v = k_stored.to(k.dtype), v_stored.to(v.dtype)
+    else:
+        k_stored, v_stored = k, v
+    cache.rows.index_copy_(0, meta.slot_rows[layer, 0], k_stored.reshape(t, -1))
+    cache.rows.index_copy_(0, meta.slot_rows[layer, 1], v_stored.reshape(t, -1))
     k_chunk, v_chunk = cache.layer_chunk_offsets(layer)
 
     def gather(
         chunk_ids: torch.Tensor, batch: int, out: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """``batch * nb`` chunk ids -> ``[batch, kv_heads, nb * block_size, dim]``, one copy."""
+        """``batch * nb`` chunk ids -> ``[batch, kv_heads, nb * block_size, dim]``, one copy
+        (and one more, into q's dtype, where the cache stores another)."""
         if out is None:
             g = cache.chunks.index_select(0, chunk_ids)
         else:
             g = torch.index_select(cache.chunks, 0, chunk_ids, out=out)
-        return g.view(batch, -1, kv_heads, dim).transpose(1, 2)
+        return g.to(q.dtype).view(batch, -1, kv_heads, dim).transpose(1, 2)
 
     if meta.num_decode:
         assert meta.decode_chunks is not None and meta.decode_mask is not None

@@ -141,3 +141,32 @@ def test_fused_steps_over_each_type_match_the_op_by_op_step(qtype: T) -> None:
     plain, logits, plain_kv, kv = both_ways(engine.runner, step, fused)
     torch.testing.assert_close(logits, plain, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(kv, plain_kv, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "float16"])
+def test_a_cache_of_half_width_reads_and_writes_alike_fused_and_op_by_op(kv_dtype: str) -> None:
+    """CRESCENT_KV_DTYPE: both steps store K and V rounded as torch rounds, and attend over
+    what the cache holds (the new token included), so they agree as closely as at fp32."""
+    config, model, _ = models_in(T.Q4_K)
+    fused = FusedDecoder.build(model)
+    assert fused is not None
+    engine_config = EngineConfig(
+        num_kv_blocks=48, max_model_len=1024, eos_token_ids=[], kv_dtype=kv_dtype
+    )
+    layout = KVLayout.for_model(config, engine_config.block_size, kv_dtype)
+    cache = PagedKVCache(layout, 48)
+    assert cache.tensor.dtype == {"bfloat16": torch.bfloat16, "float16": torch.float16}[kv_dtype]
+    engine = LLMEngine(ModelRunner(model, cache, False), engine_config, config.model_id)
+    gen = torch.Generator().manual_seed(11)
+    for i, length in enumerate((1, 40, 150)):
+        prompt = torch.randint(1, VOCAB, (length,), generator=gen).tolist()
+        engine.add_request(f"r{i}", prompt, GREEDY)
+    while any(s.num_output_tokens == 0 for s in engine._sequences.values()):
+        engine.step()
+    step = engine.scheduler.schedule()
+    reference, logits, reference_kv, kv = both_ways(engine.runner, step, fused)
+    torch.testing.assert_close(logits, reference, atol=1e-4, rtol=1e-4)
+    assert torch.equal(logits.argmax(-1), reference.argmax(-1))
+    # A value may land one unit of the last place apart where fp32 rounding differed.
+    torch.testing.assert_close(kv.float(), reference_kv.float(), atol=1e-2, rtol=1e-2)
+    assert (kv != reference_kv).float().mean() < 1e-3

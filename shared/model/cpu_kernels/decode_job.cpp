@@ -241,13 +241,29 @@ void DecodeJob::attend(int64_t layer, const WorkItem& item, float* out) const {
   float* v_new = k_new + hd;
   m_.rotate(row + (m_.heads + item.kv_head) * hd, pos, k_new);
   std::memcpy(v_new, row + (m_.heads + m_.kv_heads + item.kv_head) * hd, hd * sizeof(float));
+  // The new token is attended to as the cache will hold it, like every other.
+  kv_round(batch_.kv_type, k_new, hd);
+  kv_round(batch_.kv_type, v_new, hd);
   const int64_t begin = item.span * kSpanTokens, end = std::min(begin + kSpanTokens, len);
   const float* keys[kSpanTokens];
   const float* values[kSpanTokens];
+  // A cache of another type is widened a span at a time (at most 128 KiB here).
+  const bool widen = batch_.kv_type != KvType::kF32;
+  alignas(64) float widened[2 * kSpanTokens * kMaxHeadDim];
   for (int64_t p = begin; p < end; ++p) {
     const bool fresh = p == pos;  // from the projection: its slot is written at the commit
-    keys[p - begin] = fresh ? k_new : m_.kv_slot(batch_, item.row, layer, 0, p, item.kv_head);
-    values[p - begin] = fresh ? v_new : m_.kv_slot(batch_, item.row, layer, 1, p, item.kv_head);
+    const int64_t i = p - begin;
+    if (fresh) {
+      keys[i] = k_new, values[i] = v_new;
+    } else if (!widen) {
+      keys[i] = static_cast<const float*>(m_.kv_slot(batch_, item.row, layer, 0, p, item.kv_head));
+      values[i] = static_cast<const float*>(m_.kv_slot(batch_, item.row, layer, 1, p, item.kv_head));
+    } else {
+      float* k = widened + 2 * i * hd;
+      kv_load(batch_.kv_type, m_.kv_slot(batch_, item.row, layer, 0, p, item.kv_head), k, hd);
+      kv_load(batch_.kv_type, m_.kv_slot(batch_, item.row, layer, 1, p, item.kv_head), k + hd, hd);
+      keys[i] = k, values[i] = k + hd;
+    }
   }
   float* partial[kMaxGroup];
   for (int64_t h = 0; h < group; ++h) partial[h] = out + h * m_.partial_size();
@@ -265,8 +281,8 @@ void DecodeJob::commit_attention(int64_t layer, const WorkItem& item, const floa
   const int64_t len = batch_.context_lens[item.row];
   if ((item.span + 1) * kSpanTokens >= len) {  // the span of the new token
     const float* k_new = out + group * size;
-    std::memcpy(m_.kv_slot(batch_, item.row, layer, 0, len - 1, item.kv_head), k_new, hd * 4);
-    std::memcpy(m_.kv_slot(batch_, item.row, layer, 1, len - 1, item.kv_head), k_new + hd, hd * 4);
+    kv_store(batch_.kv_type, k_new, m_.kv_slot(batch_, item.row, layer, 0, len - 1, item.kv_head), hd);
+    kv_store(batch_.kv_type, k_new + hd, m_.kv_slot(batch_, item.row, layer, 1, len - 1, item.kv_head), hd);
   }
 }
 

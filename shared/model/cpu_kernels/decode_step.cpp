@@ -102,7 +102,7 @@ class DecodeModel : public torch::CustomClassHolder {
   }
 
   // Logits [rows, vocab] of the next token of each row. `kv` is the paged cache
-  // [blocks, layers, 2, block_size, kv_heads, head_dim] (float32), into which the new tokens'
+  // [blocks, layers, 2, block_size, kv_heads, head_dim] (float32, bfloat16 or float16), into which the new tokens'
   // K and V are written; block_tables [rows, max_blocks] and context_lens [rows] are int32.
   at::Tensor step(at::Tensor token_ids, at::Tensor block_tables, at::Tensor context_lens,
                   at::Tensor kv) {
@@ -161,10 +161,14 @@ class DecodeModel : public torch::CustomClassHolder {
                     tables.size(0) == rows, "decode step: block_tables must be int32 [rows, n]");
     TORCH_CHECK(lens.scalar_type() == at::kInt && lens.dim() == 1 && lens.is_contiguous() &&
                     lens.size(0) == rows, "decode step: context_lens must be int32 [rows]");
-    TORCH_CHECK(kv.device().is_cpu() && kv.scalar_type() == at::kFloat && kv.is_contiguous() &&
-                    kv.dim() == 6 && kv.size(1) == m_.layers && kv.size(2) == 2 &&
-                    kv.size(3) > 0 && kv.size(4) == m_.kv_heads && kv.size(5) == m_.head_dim,
-                "decode step: kv must be the model's contiguous float32 paged cache");
+    const at::ScalarType kv_type = kv.scalar_type();
+    TORCH_CHECK(kv.device().is_cpu() &&
+                    (kv_type == at::kFloat || kv_type == at::kBFloat16 || kv_type == at::kHalf) &&
+                    kv.is_contiguous() && kv.dim() == 6 && kv.size(1) == m_.layers &&
+                    kv.size(2) == 2 && kv.size(3) > 0 && kv.size(4) == m_.kv_heads &&
+                    kv.size(5) == m_.head_dim,
+                "decode step: kv must be the model's contiguous float32, bfloat16 or float16 "
+                "paged cache");
     const int64_t* id = ids.data_ptr<int64_t>();
     const int32_t* len = lens.data_ptr<int32_t>();
     const int32_t* table = tables.data_ptr<int32_t>();
@@ -183,7 +187,10 @@ class DecodeModel : public torch::CustomClassHolder {
       }
       max_spans = std::max<int64_t>(max_spans, (len[r] + kSpanTokens - 1) / kSpanTokens);
     }
-    return {rows, tables.size(1), block_size, id, table, len, kv.data_ptr<float>(), max_spans};
+    const KvType type = kv_type == at::kFloat      ? KvType::kF32
+                        : kv_type == at::kBFloat16 ? KvType::kBF16
+                                                   : KvType::kF16;
+    return {rows, tables.size(1), block_size, id, table, len, kv.data_ptr(), type, max_spans};
   }
 
   LlamaWeights m_;

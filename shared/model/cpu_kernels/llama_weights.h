@@ -12,6 +12,7 @@
 
 #include "attention_span.h"
 #include "ggml_matmul.h"
+#include "kv_values.h"
 #include "vector_math.h"
 
 namespace crescent {
@@ -71,7 +72,8 @@ struct Batch {
   const int64_t* token_ids;
   const int32_t* block_tables;  // [rows, max_blocks]
   const int32_t* context_lens;  // [rows]: tokens attended to, the new one included
-  float* kv;  // [blocks, layers, 2, block_size, kv_heads, head_dim]
+  void* kv;  // [blocks, layers, 2, block_size, kv_heads, head_dim] of kv_type
+  KvType kv_type;
   int64_t max_spans;
 
   int64_t spans(int64_t row) const { return (context_lens[row] + kSpanTokens - 1) / kSpanTokens; }
@@ -96,11 +98,13 @@ struct LlamaWeights {
   const Weight& weight(int64_t layer, int64_t which) const { return weights[4 * layer + which]; }
   const float* norm(int64_t index) const { return norms[index].data_ptr<float>(); }
 
-  float* kv_slot(const Batch& b, int64_t row, int64_t layer, int64_t kind, int64_t pos,
-                 int64_t kv_head) const {
+  // Where position `pos`'s K (kind 0) or V (kind 1) of one KV head lies, in the cache's type.
+  void* kv_slot(const Batch& b, int64_t row, int64_t layer, int64_t kind, int64_t pos,
+                int64_t kv_head) const {
     const int64_t block = b.block_tables[row * b.max_blocks + pos / b.block_size];
     const int64_t chunk = (block * layers + layer) * 2 + kind;
-    return b.kv + ((chunk * b.block_size + pos % b.block_size) * kv_heads + kv_head) * head_dim;
+    const int64_t index = ((chunk * b.block_size + pos % b.block_size) * kv_heads + kv_head) * head_dim;
+    return static_cast<uint8_t*>(b.kv) + index * kv_bytes(b.kv_type);
   }
   void rms_norm(const float* x, const float* weight, float* out, int64_t rows) const {
     for (int64_t r = 0; r < rows; ++r) rms_norm_row(x + r * hidden, weight, out + r * hidden, hidden, eps);

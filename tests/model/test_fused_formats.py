@@ -19,6 +19,7 @@ from gguf.quants import dequantize
 from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.runner import ModelRunner
+from shared.engine.scheduler import SchedulerOutput
 from shared.model import cpu_kernels
 from shared.model.build import build_model
 from shared.model.config import ModelConfig
@@ -116,22 +117,32 @@ def models_in(qtype: T) -> tuple[ModelConfig, DecoderForCausalLM, DecoderForCaus
     return config, in_blocks, build_model(config, weights | expanded)
 
 
+def prefilled(
+    config: ModelConfig, model: DecoderForCausalLM, kv_dtype: str, seed: int
+) -> tuple[LLMEngine, SchedulerOutput]:
+    """An engine over ``model`` (a cache of ``kv_dtype``) whose three requests of 1, 40 and
+    150 tokens are prefilled, and its next step: one decode row each."""
+    engine_config = EngineConfig(
+        num_kv_blocks=48, max_model_len=1024, eos_token_ids=[], kv_dtype=kv_dtype
+    )
+    cache = PagedKVCache(KVLayout.for_model(config, engine_config.block_size, kv_dtype), 48)
+    engine = LLMEngine(ModelRunner(model, cache, False), engine_config, config.model_id)
+    gen = torch.Generator().manual_seed(seed)
+    for i, length in enumerate((1, 40, 150)):
+        prompt = torch.randint(1, VOCAB, (length,), generator=gen).tolist()
+        engine.add_request(f"r{i}", prompt, GREEDY)
+    while any(s.num_output_tokens == 0 for s in engine._sequences.values()):
+        engine.step()
+    return engine, engine.scheduler.schedule()
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_fused_steps_over_each_type_match_the_op_by_op_step(qtype: T) -> None:
     config, model, fp32_model = models_in(qtype)
     assert all(m.blocks_only for m in model.modules() if isinstance(m, Linear))
     fused = FusedDecoder.build(model)
     assert fused is not None
-    engine_config = EngineConfig(num_kv_blocks=48, max_model_len=1024, eos_token_ids=[])
-    cache = PagedKVCache(KVLayout.for_model(config, engine_config.block_size, "float32"), 48)
-    engine = LLMEngine(ModelRunner(model, cache, False), engine_config, config.model_id)
-    gen = torch.Generator().manual_seed(7)
-    for i, length in enumerate((1, 40, 150)):
-        prompt = torch.randint(1, VOCAB, (length,), generator=gen).tolist()
-        engine.add_request(f"r{i}", prompt, GREEDY)
-    while any(s.num_output_tokens == 0 for s in engine._sequences.values()):
-        engine.step()
-    step = engine.scheduler.schedule()
+    engine, step = prefilled(config, model, "float32", seed=7)
     reference, logits, reference_kv, kv = both_ways(engine.runner, step, fused)
     torch.testing.assert_close(logits, reference, atol=1e-4, rtol=1e-4)
     assert torch.equal(logits.argmax(-1), reference.argmax(-1))
@@ -150,20 +161,9 @@ def test_a_cache_of_half_width_reads_and_writes_alike_fused_and_op_by_op(kv_dtyp
     config, model, _ = models_in(T.Q4_K)
     fused = FusedDecoder.build(model)
     assert fused is not None
-    engine_config = EngineConfig(
-        num_kv_blocks=48, max_model_len=1024, eos_token_ids=[], kv_dtype=kv_dtype
-    )
-    layout = KVLayout.for_model(config, engine_config.block_size, kv_dtype)
-    cache = PagedKVCache(layout, 48)
-    assert cache.tensor.dtype == {"bfloat16": torch.bfloat16, "float16": torch.float16}[kv_dtype]
-    engine = LLMEngine(ModelRunner(model, cache, False), engine_config, config.model_id)
-    gen = torch.Generator().manual_seed(11)
-    for i, length in enumerate((1, 40, 150)):
-        prompt = torch.randint(1, VOCAB, (length,), generator=gen).tolist()
-        engine.add_request(f"r{i}", prompt, GREEDY)
-    while any(s.num_output_tokens == 0 for s in engine._sequences.values()):
-        engine.step()
-    step = engine.scheduler.schedule()
+    engine, step = prefilled(config, model, kv_dtype, seed=11)
+    expected = {"bfloat16": torch.bfloat16, "float16": torch.float16}[kv_dtype]
+    assert engine.runner.cache.tensor.dtype == expected
     reference, logits, reference_kv, kv = both_ways(engine.runner, step, fused)
     torch.testing.assert_close(logits, reference, atol=1e-4, rtol=1e-4)
     assert torch.equal(logits.argmax(-1), reference.argmax(-1))

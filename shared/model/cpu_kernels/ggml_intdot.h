@@ -108,8 +108,8 @@ inline __m512i widen_bytes(const uint8_t* p) {
 
 // A super-block as eight vectors of 32 int16 weights (chunk c: weights 32c..32c+31), its
 // scale d and, per chunk, the weight of x's sum (formats with a minimum). kTiled: whether
-// rows of W go through a tile together (as measured: Q6_K's longer unpacking overlaps better
-// so, Q4_K's scalar header work does not).
+// rows of W go through a tile together at one row of x (as measured: Q6_K's longer unpacking
+// overlaps better so, Q4_K's scalar header work does not; more rows of x always take tiles).
 template <typename Fmt> struct IntBlock { static constexpr bool kHas = false; };
 
 template <> struct IntBlock<Format<kQ4_K>> {

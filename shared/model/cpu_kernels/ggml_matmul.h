@@ -88,7 +88,8 @@ void int_matmul_rows(const SplitRows& xs, int64_t M, const uint8_t* w, int64_t r
   for (int64_t m0 = 0; m0 < M; m0 += kIntRows) {
     const int64_t mr = std::min<int64_t>(kIntRows, M - m0);
     float* ym = y + m0 * ldy;
-    if (nr == kTileRows && IntBlock<Fmt>::kTiled) {
+    // One row of x stays in L1 whichever way; more are read once per tile of W rows.
+    if (nr == kTileRows && (IntBlock<Fmt>::kTiled || M > 1)) {
       int_tile_rows<Fmt, kTileRows>(xs, m0, mr, w, row_bytes, ym, ldy);
     } else {
       for (int64_t j = 0; j < nr; ++j)

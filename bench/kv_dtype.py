@@ -24,6 +24,7 @@ from rich.table import Table
 
 from shared.config import EngineSettings
 from shared.engine.factory import load_engine
+from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -47,16 +48,18 @@ OPENINGS = (
 )
 
 
-def prompts(tokenizer: object, count: int, length: int, vocab: int) -> list[list[int]]:
+def prompts(tokenizer: Tokenizer, count: int, length: int, vocab: int) -> list[list[int]]:
     rng = random.Random(0)
     out = []
     for i in range(count):
-        ids = list(tokenizer.encode(OPENINGS[i % len(OPENINGS)]))  # type: ignore[attr-defined]
+        ids = list(tokenizer.encode(OPENINGS[i % len(OPENINGS)]))
         out.append(ids + [rng.randrange(100, vocab) for _ in range(max(0, length - len(ids)))])
     return out
 
 
-def run(model: str | None, kv_dtype: str, inputs: list[list[int]], tokens: int) -> tuple:
+def run(
+    model: str | None, kv_dtype: str, inputs: list[list[int]], tokens: int
+) -> tuple[list[list[int]], int, float]:
     settings = EngineSettings(model=model, kv_dtype=kv_dtype)  # type: ignore[arg-type]
     loaded = load_engine(settings)
     engine = loaded.engine

@@ -4,12 +4,14 @@
 // with x is, per 256-weight super-block, d * sum(int16 weight * x) plus a term of x's sums.
 // x is split exactly enough for that sum to run on integers: per 256 values a power-of-two
 // scale s puts the largest within [8192, 16384), and each value is written as
-// s * (hi + lo / 2^14) with hi and lo int16, 28 bits relative to the block's largest value
-// (an fp32 keeps 24), exact for every value at least 1/32 of it. The products then sum in
-// int32 lanes with no rounding at all (vpdpwssd: two int16 products per lane), and are rounded
-// once, per super-block, when they are widened to float. Where expanding each weight to fp32
-// costs about 16 instructions per 32 weights, this costs 3 to 9, so a decode step reads its
-// weights near the speed memory delivers them.
+// s * (hi + lo / 2^14) with hi and lo int16: 27 to 28 bits relative to the block's largest
+// value (an fp32 keeps 24), exact for every value at least 1/16 of it. The products then sum
+// in int32 lanes with no rounding at all (vpdpwssd: two int16 products per lane), and are
+// rounded once, per super-block, when they are widened to float. At one row of x this runs
+// 1.8x (Q4_K) and 2.9x (Q6_K) faster than expanding each weight to fp32 and multiplying there
+// (docs/benchmarks.md, "Integer products for the K-quants"); at 16 rows Q4_K's is slower, the
+// per-block widening then costing a third of the products, and it is used at every batch size
+// all the same so that a row's result never depends on its batch.
 //
 // Bounds: a weight is at most 945 (Q4_K: 63 x 15) or 4,096 (Q6_K: 128 x 32) in magnitude, hi
 // at most 16,384, and a lane sums 16 products per super-block: under 2^31.
@@ -23,7 +25,8 @@
 namespace crescent::formats {
 
 constexpr int64_t kSplitBlock = 256;
-constexpr int64_t kAheadBytes = 32768;  // how far ahead of the expansion W is prefetched
+// How far ahead of the unpacking (and the fp32 expansion, ggml_matmul.h) W is prefetched.
+constexpr int64_t kAheadBytes = 32768;
 constexpr int64_t kIntRows = 4;  // rows of x per pass over a tile of W
 constexpr float kLowUnit = 1.0f / 16384.0f;  // lo counts 2^-14 of hi's unit
 

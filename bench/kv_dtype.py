@@ -24,6 +24,7 @@ from rich.table import Table
 
 from shared.config import EngineSettings
 from shared.engine.factory import load_engine
+from shared.model.files import resolve_model
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 
@@ -95,11 +96,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=64)
     args = parser.parse_args()
-    first = load_engine(EngineSettings(model=args.model))
-    inputs = prompts(
-        first.tokenizer, args.prompts, args.prompt_tokens, first.files.config.vocab_size
-    )
-    del first
+    settings = EngineSettings(model=args.model)
+    files = resolve_model(settings.model, settings.cache_dir)
+    tokenizer = Tokenizer.from_dir(files.path)
+    inputs = prompts(tokenizer, args.prompts, args.prompt_tokens, files.config.vocab_size)
     results = {d: run(args.model, d, inputs, args.tokens) for d in DTYPES}
     reference = results["float32"][0]
     table = Table(

@@ -136,9 +136,9 @@ def test_a_rows_product_does_not_depend_on_the_batch(qtype: GGMLQuantizationType
 @pytest.mark.parametrize("m", [1, 2, 5, 24])
 def test_integer_dot_products_keep_fp32_precision(qtype: GGMLQuantizationType, m: int) -> None:
     """The K-quants multiply few rows on integers (cpu_kernels/ggml_intdot.h): an outlier
-    thousands of times the rest, a block of zeros and subnormal values keep a product as close
-    to the float64 one as torch's fp32 matmul comes (about 7e-7 of the sum of magnitudes
-    here), ten times closer than the bound every format meets."""
+    thousands of times the rest, a block of zeros and subnormal values keep a product within
+    1e-6 of the sum of magnitudes of the float64 one, ten times tighter than the bound every
+    format meets."""
     k, n = 768, 50
     rows = random_rows(qtype, n, k, seed=40 + m)
     weights = expanded(rows, qtype, k).double()

@@ -53,8 +53,11 @@ DecodeJob::DecodeJob(const LlamaWeights& model, const Batch& batch, float* logit
   const int64_t attention_out = m_.group() * m_.partial_size() + 2 * m_.head_dim;
   out_size_ = std::max(B * max_rows, attention_out);
   const int64_t widest = std::max({H, m_.attn_width(), m_.inter});
-  split_size_ = formats::SplitRows::floats(B, widest);
-  own_size_ = B * (H + m_.attn_width() + m_.inter) + out_size_ + split_size_;
+  own_size_ = B * (H + m_.attn_width() + m_.inter) + out_size_ + formats::SplitRows::floats(B, widest);
+  splits_.resize(num_phases_);
+  for (int64_t k = 0; k < num_phases_; ++k)
+    if (const Weight* w = weight_of(k))
+      for (const WeightPart& p : w->parts) splits_[k] = splits_[k] || formats::has_int_path(p.qtype);
   scratch_.resize(participants * own_size_);
   const uint8_t* table = m_.embed.data_ptr<uint8_t>();
   const int64_t stride = m_.embed.stride(0);
@@ -167,7 +170,7 @@ DecodeJob::Input DecodeJob::input_of(int64_t k, const Own& own) const {
 
 std::optional<formats::SplitRows> DecodeJob::split_of(int64_t k, const Own& own) const {
   const int64_t width = input_of(k, own).width;
-  if (width % 32 != 0) return std::nullopt;
+  if (!splits_[k] || width % 32 != 0) return std::nullopt;
   return formats::SplitRows::in(own.split, batch_.rows, width);
 }
 

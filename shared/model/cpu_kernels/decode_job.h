@@ -59,7 +59,8 @@ class DecodeJob {
   void commit(int64_t phase, int64_t chunk, const Own& own);
   void prologue(int64_t phase, const Own& own) const;
   Input input_of(int64_t phase, const Own& own) const;
-  // The split of the phase's input, or none where the input's width does not allow one.
+  // The split of the phase's input, or none where its weight has no integer path or the
+  // input's width does not allow one.
   std::optional<formats::SplitRows> split_of(int64_t phase, const Own& own) const;
   void attend(int64_t layer, const WorkItem& item, float* out) const;
   void commit_attention(int64_t layer, const WorkItem& item, const float* out);
@@ -71,7 +72,8 @@ class DecodeJob {
   const int participants_;
   std::vector<WorkItem> items_;
   std::vector<float> x_, qkv_, gate_up_, partials_, scratch_;
-  int64_t num_phases_, tile_chunks_, own_size_, out_size_, split_size_;
+  int64_t num_phases_, tile_chunks_, own_size_, out_size_;
+  std::vector<bool> splits_;  // per phase: whether its weight has parts of an integer format
   std::unique_ptr<Phase[]> phases_;
   std::unique_ptr<std::atomic<uint8_t>[]> taken_;
   std::atomic<int> joined_{0};

@@ -109,6 +109,14 @@ void matmul_rows_best(const float* x, int64_t ldx, const SplitRows* xs, int64_t 
   matmul_rows<Fmt>(x, ldx, M, w, row_bytes, nr, K, y, ldy);
 }
 
+// Whether rows of this type multiply on integers (and so want x split).
+inline bool has_int_path(int64_t qtype) {
+  bool has = false;
+  for (int64_t t : kSupportedTypes)
+    if (t == qtype) visit_format(qtype, [&](auto fmt) { has = IntBlock<decltype(fmt)>::kHas; });
+  return has;
+}
+
 // Tiles [t0, t1) of y[M, N] (row stride ldy), on the calling thread; tile t covers W's rows
 // t * kTileRows onwards.
 template <typename Fmt>

@@ -123,6 +123,13 @@ class GenerateRequest(WireMessage, kw_only=True):
     traceparent: Annotated[str, Meta(max_length=128)] = ""
 
 
+#: A request's timeouts (the gateway's, and ``deadline_ts`` on the nodes) are extended by
+#: this many times the scheduler's predicted time to its first token: a bound sized for a
+#: small model must not cut off a large one's long prompt. Predictions are calibrated, but a
+#: node's first long prompt can still run past them.
+PREDICTED_TTFT_MARGIN = 2.0
+
+
 class SubmitReply(WireMessage, kw_only=True):
     """scheduler -> gateway: the request is with ``prefill_node`` (``accepted``), or why not:
     ``error_code`` is the HTTP status its client should see (429 with ``retry_after_s``: over
@@ -136,6 +143,9 @@ class SubmitReply(WireMessage, kw_only=True):
     error_code: HttpStatus | None = None
     retry_after_s: Seconds | None = None
     placement_s: Seconds = 0.0  # the scheduler's time on it (``shared.phases.PLACEMENT``)
+    # Its prediction of the time to the first token, calibrated by the node's measured
+    # misses (``PREDICTED_TTFT_MARGIN``).
+    predicted_ttft_s: Seconds = 0.0
     # What kind of refusal, where the status alone does not say (``QUOTA``).
     error_kind: Annotated[str, Meta(max_length=32)] = ""
 

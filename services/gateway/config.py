@@ -48,10 +48,14 @@ class GatewaySettings(NatsAuthSettings):
         default=None, ge=1, description="Context cap for prompt plus completion; default: model's"
     )
     first_token_timeout_s: float = Field(
-        default=60.0, gt=0, description="503 when no backend answers a request within this"
+        default=60.0,
+        gt=0,
+        description="504 when no first token came within this plus twice the predicted TTFT",
     )
     request_timeout_s: float = Field(
-        default=600.0, gt=0, description="A request still running after this is aborted"
+        default=600.0,
+        gt=0,
+        description="A request running longer than this plus twice its predicted TTFT is aborted",
     )
     max_request_bytes: int = Field(
         default=4 * 1024 * 1024, ge=1024, description="Largest request body accepted (else 413)"

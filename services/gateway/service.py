@@ -17,7 +17,7 @@ from services.gateway.phases import RequestPhases
 from services.gateway.recovery import Act, ChoiceWatch, RecoveryPolicy
 from services.gateway.requests import PreparedRequest
 from shared import phases
-from shared.messages import ReplayReply, SubmitReply, TokenChunk
+from shared.messages import PREDICTED_TTFT_MARGIN, ReplayReply, SubmitReply, TokenChunk
 from shared.model.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,10 @@ class Run:
             }
         for stream, reply in zip(self._flight.streams, replies, strict=True):
             stream.watch = ChoiceWatch(reply.prefill_node, reply.prefill_epoch, now, now)
+        # The timeouts bound what a request may take beyond its predicted first token.
+        predicted = max((r.predicted_ttft_s for r in replies), default=0.0)
+        self._first_deadline += PREDICTED_TTFT_MARGIN * predicted
+        self._deadline += PREDICTED_TTFT_MARGIN * predicted
         while len(self._answered) < len(self.choices):
             if self._clock() >= self._first_deadline:
                 seconds = self._limits.first_token_timeout_s

@@ -205,8 +205,11 @@ class SchedulerHandlers:
                 )  # fmt: skip
             if self.prefetch:
                 await self._prefetch(decision, hashes, prefetched)
+            expected_s = decision.predicted_ttft_s * self.view.calibration.scale(
+                decision.prefill_node
+            )
             offered = time.monotonic()
-            ack = await self._offer(decision, request)
+            ack = await self._offer(decision, request, expected_s)
             if ack is not None and ack.accepted:
                 placed_s, offer_s = offered - started - offering, time.monotonic() - offered
                 tracing.record("placement", tracing.current(), placed_s, ago_s=offer_s)
@@ -220,6 +223,7 @@ class SchedulerHandlers:
                     prefill_epoch=ack.epoch,
                     decode_node=decision.decode_node,
                     placement_s=offered - started - offering,
+                    predicted_ttft_s=expected_s,
                 )
             offering += time.monotonic() - offered
             self.view.withdraw(rid)
@@ -346,10 +350,12 @@ class SchedulerHandlers:
                 continue
             self.metrics.prefetched(len(prefetch.block_hashes))
 
-    async def _offer(self, placement: Placement, request: GenerateRequest) -> TaskAck | None:
+    async def _offer(
+        self, placement: Placement, request: GenerateRequest, expected_ttft_s: float
+    ) -> TaskAck | None:
         """Hands the task to the prefill node; None when it did not answer."""
         node = placement.prefill_node
-        task = prefill_task(request, placement)
+        task = prefill_task(request, placement, expected_ttft_s)
         subject = subjects.local_tasks(node) if placement.local else subjects.prefill_tasks(node)
         try:
             return await self.bus.request(subject, task, TaskAck, self.ack_timeout_s)

@@ -4,11 +4,13 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from services.scheduler.cluster import NodeLoad
 from services.scheduler.policy import Placement
 from services.scheduler.prefetch import Prefetch
 from shared.cluster_messages import NodeStatus, PrefetchRequest, PrefillTask, PullPlan
-from shared.messages import GenerateRequest
+from shared.messages import PREDICTED_TTFT_MARGIN, GenerateRequest
 
 #: Block hashes one ``PrefetchRequest`` may carry (the message's bound).
 MAX_PREFETCH_HASHES = 8192
@@ -40,7 +42,14 @@ def node_load(status: NodeStatus, now: float) -> NodeLoad:
     )
 
 
-def prefill_task(request: GenerateRequest, placement: Placement) -> PrefillTask:
+def prefill_task(
+    request: GenerateRequest, placement: Placement, expected_ttft_s: float
+) -> PrefillTask:
+    """The task for ``placement``'s prefill node. The request's deadline (0: none) is moved
+    on by the margin of its calibrated predicted TTFT, as its gateway's timeouts are."""
+    if request.deadline_ts > 0:
+        deadline = request.deadline_ts + PREDICTED_TTFT_MARGIN * expected_ttft_s
+        request = msgspec.structs.replace(request, deadline_ts=deadline)
     return PrefillTask(
         request=request,
         decode_nodes=list(placement.decode_nodes),

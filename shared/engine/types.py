@@ -66,6 +66,10 @@ class EngineLoad:
     held_requests: int
 
 
+#: A step computing at least this many tokens counts as a prompt step (``EngineStats``).
+PROMPT_STEP_TOKENS = 64
+
+
 @dataclass(slots=True)
 class EngineStats:
     """Running totals since start; the basis of the engine's metrics."""
@@ -78,6 +82,16 @@ class EngineStats:
     prompt_tokens_imported: int = 0
     failed_requests: int = 0  # ended with an error output
     failed_steps: int = 0  # batches whose forward pass or sampling raised
+    # Seconds per token of recent prompt steps (a moving average; 0 until one ran): how long
+    # a full step takes on this model and machine.
+    prompt_token_s: float = 0.0
+
+    def note_prompt_step(self, tokens: int, seconds: float) -> None:
+        if tokens < PROMPT_STEP_TOKENS:
+            return  # mostly decodes: their per-token cost says nothing about a full step
+        rate = seconds / tokens
+        old = self.prompt_token_s
+        self.prompt_token_s = 0.8 * old + 0.2 * rate if old else rate
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,9 @@ from shared.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: A step is stuck past this many times the time a full step takes at the measured speed.
+FULL_STEP_MARGIN = 3.0
 OnOutputs = Callable[[list[RequestOutput]], Awaitable[None]]
 
 
@@ -67,7 +70,8 @@ class EngineHost:
 
     Invariant: the step loop never ends while the host runs: a failing step, or a failing
     output handler, is logged and contained. ``stuck`` reports a step running longer than
-    ``step_timeout_s``; the node then reports itself unhealthy and gets no new work.
+    ``step_timeout_s`` (longer for a model whose full step is measured to take longer); the
+    node then reports itself unhealthy and gets no new work.
     """
 
     def __init__(
@@ -106,12 +110,20 @@ class EngineHost:
         self._books.shutdown(wait=True)
 
     def stuck(self, now: float | None = None) -> bool:
-        """True while a step has run longer than ``step_timeout_s`` (or the loop died)."""
+        """True while a step has run longer than ``step_bound_s`` (or the loop died)."""
         if self.loop_ended:
             return True
         started = self._steps.step_started
         now = time.monotonic() if now is None else now
-        return started is not None and now - started > self.step_timeout_s
+        return started is not None and now - started > self.step_bound_s()
+
+    def step_bound_s(self) -> float:
+        """``step_timeout_s``, or ``FULL_STEP_MARGIN`` times a full step (the engine's token
+        budget at its measured speed) where that is longer: a large model's prompt step on a
+        CPU can rightly take minutes."""
+        engine = self.engine
+        full_step_s = engine.config.max_num_batched_tokens * engine.stats.prompt_token_s
+        return max(self.step_timeout_s, FULL_STEP_MARGIN * full_step_s)
 
     @property
     def model_id(self) -> str:

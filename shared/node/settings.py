@@ -47,7 +47,9 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
     step_timeout_s: float = Field(
-        default=120.0, gt=0, description="a step running longer makes the node report unhealthy"
+        default=120.0,
+        gt=0,
+        description="a step running longer (and over 3x a full step's measured time) is stuck",
     )
     handoff_timeout_s: float = Field(
         default=1.0, gt=0, description="wait this long for a node to acknowledge a hand-off"

@@ -10,6 +10,7 @@ import httpx
 import openai
 import pytest
 
+from shared.messages import PREDICTED_TTFT_MARGIN
 from tests.gateway.conftest import FIRST_TOKEN_TIMEOUT_S
 from tests.support.fake_engine import REPLY, FakeEngine
 from tests.support.gateway import ServedGateway
@@ -186,6 +187,25 @@ def test_no_first_token_in_time_is_504_and_aborted(
         time.sleep(0.02)
     assert all(r.request_id in fake_engine.aborts for r in recent)
     still_serving(http, model_name)
+
+
+def test_the_first_token_timeout_counts_from_the_predicted_ttft(
+    http: httpx.Client, model_name: str
+) -> None:
+    """A slow model's long prompt, predicted by the scheduler to take 1 s, answers after 2 s:
+    past the 1.5 s timeout, within it plus twice the prediction (3.5 s). Silent, it gets its
+    504 only then."""
+    late = {"model": model_name, "prompt": "[[late=2]][[predicted=1]]", "max_tokens": 4}
+    started = time.monotonic()
+    response = http.post("/v1/completions", json=late)
+    assert response.status_code == 200, response.text
+    assert time.monotonic() - started >= 2.0
+    silent = {"model": model_name, "prompt": "[[silent]][[predicted=1]]"}
+    started = time.monotonic()
+    error = assert_openai_error(http.post("/v1/completions", json=silent), 504)
+    assert error["message"].startswith("No first token came within")
+    extended = FIRST_TOKEN_TIMEOUT_S + PREDICTED_TTFT_MARGIN * 1.0
+    assert extended <= time.monotonic() - started < extended + 5
 
 
 def test_backend_failing_mid_request(

@@ -6,11 +6,16 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from shared import subjects
 from shared.cluster_messages import NodeStatus
+from shared.engine.types import EngineStats
 from shared.memory_bus import MemoryBus
+from shared.node.engine_host import FULL_STEP_MARGIN, EngineHost
 from shared.secrets import secret_fingerprint
 from tests.engine.conftest import EngineFactory
 from tests.node.cluster import SECRET, Cluster, request
@@ -108,3 +113,20 @@ def test_a_node_whose_bus_dropped_stays_quiet_then_beats_healthy(
             await cluster.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_step_bound_grows_to_a_full_step_at_the_measured_speed() -> None:
+    """A large model's prompt step on a CPU rightly takes minutes: the node is stuck only past
+    three times what a full step (the token budget) takes at its measured per-token speed,
+    or the step timeout where that is longer."""
+    stats = EngineStats()
+    engine: Any = SimpleNamespace(config=SimpleNamespace(max_num_batched_tokens=2048), stats=stats)
+    host = EngineHost(engine, lambda outputs: None, step_timeout_s=120.0)  # never started
+    assert host.step_bound_s() == 120.0  # nothing measured yet
+    stats.note_prompt_step(1, 0.2)  # a decode step says nothing about a full step
+    assert host.step_bound_s() == 120.0
+    stats.note_prompt_step(512, 0.5)  # a small model: a full step is 2 s
+    assert host.step_bound_s() == 120.0
+    stats = engine.stats = EngineStats()
+    stats.note_prompt_step(512, 46.0)  # an 8B model on 2 cores: 0.09 s a token
+    assert host.step_bound_s() == pytest.approx(FULL_STEP_MARGIN * 2048 * 46.0 / 512)

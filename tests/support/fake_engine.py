@@ -10,6 +10,8 @@ What a request gets depends on markers in its (decoded) prompt:
 ``[[shuffle]]``           the chunks of the reply in reverse order
 ``[[fail]]``              the first chunk, then an error chunk with code 503
 ``[[reply=TEXT]]``        TEXT instead of the canned reply
+``[[predicted=S]]``       the submission's reply predicts a first token in S seconds
+``[[late=S]]``            the reply starts only after S seconds
 ``[[migrate]]``           first attempt: four tokens, then its node hands it back (migrate)
 ``[[gap]]``               first attempt: the chunk at position 1 is lost (its node has it)
 ``[[ghost]]``             first attempt: placed on a node that never heartbeats (it died)
@@ -51,6 +53,8 @@ NODE = "fake-node"
 GHOST = "fake-ghost"
 BEAT_S = 0.3
 _REPLY_RE = re.compile(r"\[\[reply=(.*?)\]\]", re.DOTALL)
+_PREDICTED_RE = re.compile(r"\[\[predicted=([0-9.]+)\]\]")
+_LATE_RE = re.compile(r"\[\[late=([0-9.]+)\]\]")
 _ATTEMPT_RE = re.compile(r"-r\d+$")
 
 
@@ -143,8 +147,13 @@ class FakeEngine:
         first = request.request_id == base_id(request.request_id)
         node = GHOST if first and "[[ghost]]" in prompt else NODE
         self._spawn(self._serve(request, prompt, node, first))
+        predicted = _PREDICTED_RE.search(prompt)
         return SubmitReply(
-            accepted=True, prefill_node=node, prefill_epoch=self.epoch, placement_s=PLACEMENT_S
+            accepted=True,
+            prefill_node=node,
+            prefill_epoch=self.epoch,
+            placement_s=PLACEMENT_S,
+            predicted_ttft_s=float(predicted.group(1)) if predicted else 0.0,
         )
 
     async def _on_replay(self, ask: ReplayRequest) -> ReplayReply:
@@ -188,6 +197,9 @@ class FakeEngine:
             chunks = chunks[:1]
         lose = first and "[[gap]]" in prompt
         slow = "[[slow]]" in prompt
+        late = _LATE_RE.search(prompt)
+        if late:
+            await asyncio.sleep(float(late.group(1)))
         for chunk in chunks:
             if rid in self.aborts:
                 return

@@ -15,7 +15,13 @@ from services.scheduler.wire import (
     prefill_task,
 )
 from shared.cluster_messages import NodeStatus, PrefetchRequest, PrefillTask, PullPlan
-from shared.messages import GenerateRequest, SamplingSpec, decode, encode
+from shared.messages import (
+    PREDICTED_TTFT_MARGIN,
+    GenerateRequest,
+    SamplingSpec,
+    decode,
+    encode,
+)
 
 
 def test_a_tierds_heartbeat_keeps_its_host_tiers_and_read_rates() -> None:
@@ -47,12 +53,30 @@ def test_each_pull_of_the_task_names_its_tier() -> None:
         (Pull("peer", 0, 1), Pull("tierd-h2", 1, 2, "s3")),
         predicted_ttft_s=0.5,
     )
-    task = decode(encode(prefill_task(request, placement)), PrefillTask)
+    task = decode(encode(prefill_task(request, placement, 0.5)), PrefillTask)
     assert task.pulls == [
         PullPlan(node_id="peer", first_block=0, num_blocks=1, tier="dram"),
         PullPlan(node_id="tierd-h2", first_block=1, num_blocks=2, tier="s3"),
     ]
     assert (task.decode_nodes, task.predicted_ttft_s) == (["d"], 0.5)
+
+
+def test_the_tasks_deadline_moves_on_by_the_margin_of_the_predicted_ttft() -> None:
+    """A slow model's long prompt keeps its deadline past the prefill it was predicted to
+    need (the gateway extends its own timeouts by the same)."""
+    placement = Placement("p", ["d"], (), predicted_ttft_s=100.0)
+    request = GenerateRequest(
+        request_id="r",
+        tenant="t",
+        prompt_token_ids=[1] * 4096,
+        sampling=SamplingSpec(max_tokens=4),
+        deadline_ts=1000.0,
+    )
+    task = decode(encode(prefill_task(request, placement, 150.0)), PrefillTask)
+    assert task.request.deadline_ts == 1000.0 + PREDICTED_TTFT_MARGIN * 150.0
+    assert request.deadline_ts == 1000.0  # the caller's request is not changed
+    unbounded = msgspec.structs.replace(request, deadline_ts=0.0)
+    assert prefill_task(unbounded, placement, 150.0).request.deadline_ts == 0.0
 
 
 def test_a_long_chain_is_asked_for_in_pieces_the_message_allows() -> None:

@@ -147,9 +147,9 @@ def stack_env(
         | {
             "CRESCENT_CACHE_DIR": str(cache_dir),
             "CRESCENT_KV_CACHE_MB": str(options.kv_cache_mb),
-        # Timed here, not bounded: a large model's cold prompt may compute for many minutes.
-        "CRESCENT_FIRST_TOKEN_TIMEOUT_S": "3600",
-        "CRESCENT_REQUEST_TIMEOUT_S": "3600",
+            # Timed here, not bounded: a large model's cold prompt may compute for many minutes.
+            "CRESCENT_FIRST_TOKEN_TIMEOUT_S": "3600",
+            "CRESCENT_REQUEST_TIMEOUT_S": "3600",
             "CRESCENT_API_KEYS": f"{API_KEY}:bench",
             "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
             "UCX_NET_DEVICES": "lo",

@@ -8,7 +8,7 @@ STAMP := $(VENV)/.crescent-installed
 export CRESCENT_CACHE_DIR ?= $(HOME)/.cache/crescent
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: install run test lint typecheck unit bench clean stubs browser
+.PHONY: install run test lint typecheck unit bench clean stubs browser llama-tools
 
 install: $(STAMP)
 
@@ -32,8 +32,13 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-test: install browser lint typecheck
+test: install browser llama-tools lint typecheck
 	$(BIN)/pytest -q
+
+# llama.cpp's llama-quantize, which writes the K-quant file a test checks the engine on: built
+# once per machine from the llama-cpp-python source package (a few minutes), then cached.
+llama-tools: install
+	$(BIN)/python -m tests.support.llama_build llama-quantize
 
 # Debian's chromium renders the gateway's /dashboard in its test (tests/e2e/test_status_page.py);
 # installed here when absent and this user may (root, as in CI), otherwise that test is skipped.

@@ -20,17 +20,14 @@ import argparse
 import shutil
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from shared.model.files import build_folder_once, default_cache_dir, resolve_model
+from tests.support.llama_build import llama_cpp_build
 
-LLAMA_CPP_PYTHON = "0.3.36"
-SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON}.tar.gz"
-VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
 SIZES: dict[str, dict[str, Any]] = {
     # Llama 3.2 1B's shape (tied head), and Llama 3 8B's (untied).
     "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
@@ -39,51 +36,6 @@ SIZES: dict[str, dict[str, Any]] = {
            "num_attention_heads": 32, "num_key_value_heads": 8, "tie_word_embeddings": False},
 }  # fmt: skip
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
-
-
-def llama_tools(cache: Path) -> Path:
-    """llama.cpp's build folder (``bin/llama-quantize``, ``bin/llama-server``), built once."""
-    root = cache / "llama-cpp"
-    source = root / f"src-{LLAMA_CPP_PYTHON}"
-    build = source / "build"
-    wanted = [build / "bin" / "llama-quantize", build / "bin" / "llama-server"]
-    if all(p.is_file() for p in wanted):
-        return build
-    sdist = root / SDIST
-    if not sdist.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-             f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", str(root)],
-            check=True,
-        )  # fmt: skip
-    build_folder_once(source, lambda tmp: _unpack(sdist, tmp), "CMakeLists.txt")
-    subprocess.run(
-        ["cmake", "-B", str(build), "-S", str(source), "-DGGML_NATIVE=ON",
-         "-DLLAMA_BUILD_SERVER=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
-         "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DCMAKE_BUILD_TYPE=Release"],
-        check=True,
-    )  # fmt: skip
-    subprocess.run(
-        ["cmake", "--build", str(build), "--target", "llama-quantize", "llama-server", "-j2"],
-        check=True,
-    )
-    return build
-
-
-def _unpack(sdist: Path, out: Path) -> None:
-    with tarfile.open(sdist, "r:gz") as tar:
-        for member in tar:
-            if not member.name.startswith(VENDOR) or not member.isfile():
-                continue
-            source = tar.extractfile(member)
-            if source is None:
-                continue
-            path = out / member.name[len(VENDOR) :]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with source, path.open("wb") as f:
-                shutil.copyfileobj(source, f)
-            path.chmod(member.mode & 0o777 or 0o644)
 
 
 def random_model(size: str, out: Path) -> None:
@@ -144,7 +96,7 @@ def main() -> None:
     parser.add_argument("--quant", default="Q4_K_M", help="a llama-quantize type name")
     args = parser.parse_args()
     cache = default_cache_dir()
-    build = llama_tools(cache)
+    build = llama_cpp_build(cache, ("llama-quantize", "llama-server"))
     gguf = make_gguf(args.size, args.quant, cache, build)
     print(f"gguf: {gguf} ({gguf.stat().st_size / 2**20:.0f} MiB)")
     print(f"llama-server: {build / 'bin' / 'llama-server'}")

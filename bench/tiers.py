@@ -233,6 +233,9 @@ def run_stack(tier: str, options: argparse.Namespace, cache_dir: Path, result: R
                 print(f"{tier} {n}: ttft {answer.ttft:.3f} s, {answer.by_tier}", flush=True)
         asyncio.run(measured(stack, tier, result))
         result.raw[tier] = raw_speed(probe, tier)
+    except BaseException:
+        print(collect_logs(data_dir), file=sys.stderr)
+        raise
     finally:
         stack.stop()
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -81,7 +81,9 @@ class GatewaySettings(NatsAuthSettings):
     )
     heartbeat_interval_s: float = Field(default=1.0, gt=0, description="This gateway's beat")
     stall_timeout_s: float = Field(
-        default=120.0, gt=0, description="A request with no new token this long fails"
+        default=120.0,
+        gt=0,
+        description="A request with no new token this long (after its first) fails",
     )
     max_resumes: int = Field(
         default=4, ge=0, description="How often one request may move to another node"

@@ -57,6 +57,10 @@ class ChoiceWatch:
     leaving: bool = False  # the owner said it gives the request up (a migrate chunk)
     noticed: bool = False  # an owner notice named the node serving this attempt
     reason: str = ""
+    # Until then (or the next token) silence is expected: a first attempt's prefill is
+    # bounded by the first-token timeout instead, a resumed one's by its predicted TTFT.
+    # The stall timeout counts from here or from the last progress, whichever is later.
+    quiet_until: float = 0.0
 
     def on_chunk(self, chunk: TokenChunk, advanced: bool, now: float) -> None:
         if chunk.owner:
@@ -68,6 +72,7 @@ class ChoiceWatch:
         if advanced:
             self.progress_at = now
             self.gap_since = None
+            self.quiet_until = 0.0  # tokens flow: silence counts again from now
 
     def restart(self, now: float) -> None:
         """A new attempt is being submitted: nothing is known yet of where it runs."""
@@ -79,13 +84,15 @@ class ChoiceWatch:
         self.leaving = False
         self.noticed = False
 
-    def accepted(self, owner: str, owner_epoch: str, now: float) -> None:
+    def accepted(self, owner: str, owner_epoch: str, now: float, quiet_for: float = 0.0) -> None:
         """The new attempt was accepted by prefill node ``owner``; its chunks may have come
-        first and named a later owner already, which then stands."""
+        first and named a later owner already, which then stands. ``quiet_for``: how long
+        its prefill may rightly stay silent (``quiet_until``)."""
         if not self.owner:
             self.owner, self.owner_epoch = owner, owner_epoch
             self.owner_since = now
         self.progress_at = max(self.progress_at, now)
+        self.quiet_until = now + quiet_for
 
     def decide(self, now: float, owner_alive: bool, has_gap: bool, policy: RecoveryPolicy) -> Act:
         if self.asked_at is not None:
@@ -93,7 +100,7 @@ class ChoiceWatch:
         if self.leaving or not owner_alive:
             self.reason = "its node left" if self.leaving else "its node died"
             return self._resume_or_fail(policy)
-        if now - self.progress_at >= policy.stall_timeout_s:
+        if now - max(self.progress_at, self.quiet_until) >= policy.stall_timeout_s:
             self.reason = f"no token came for {policy.stall_timeout_s:g} s"
             return Act.FAIL
         if has_gap:

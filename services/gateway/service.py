@@ -119,12 +119,16 @@ class Run:
                 "prefill_node": replies[0].prefill_node,
                 "decode_node": replies[0].decode_node,
             }
-        for stream, reply in zip(self._flight.streams, replies, strict=True):
-            stream.watch = ChoiceWatch(reply.prefill_node, reply.prefill_epoch, now, now)
         # The timeouts bound what a request may take beyond its predicted first token.
         predicted = max((r.predicted_ttft_s for r in replies), default=0.0)
         self._first_deadline += PREDICTED_TTFT_MARGIN * predicted
         self._deadline += PREDICTED_TTFT_MARGIN * predicted
+        # Until its first token a choice is bounded by the first-token timeout, not the stall
+        # timeout: its node is probed meanwhile, and liveness catches a dead one.
+        for stream, reply in zip(self._flight.streams, replies, strict=True):
+            stream.watch = ChoiceWatch(
+                reply.prefill_node, reply.prefill_epoch, now, now, quiet_until=self._first_deadline
+            )
         while len(self._answered) < len(self.choices):
             if self._clock() >= self._first_deadline:
                 seconds = self._limits.first_token_timeout_s
@@ -275,7 +279,8 @@ class Run:
             raise event.error
         reply: SubmitReply | None = event.reply
         assert reply is not None
-        watch.accepted(reply.prefill_node, reply.prefill_epoch, self._clock())
+        quiet_for = PREDICTED_TTFT_MARGIN * reply.predicted_ttft_s
+        watch.accepted(reply.prefill_node, reply.prefill_epoch, self._clock(), quiet_for)
         return []
 
     def _supervise(self) -> None:

@@ -29,6 +29,7 @@ from shared.cluster_messages import (
 )
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
+from shared.engine.probe import probe_speed
 from shared.engine.types import RequestOutput, StepTiming
 from shared.errors import InvalidRequestError
 from shared.heartbeat import heartbeat_loop
@@ -124,6 +125,8 @@ class NodeRuntime:
             loader = thread if s.engine_thread_load else None  # None: asyncio's default
             loop = asyncio.get_running_loop()
             self._engine = (await loop.run_in_executor(loader, load_engine, s)).engine
+            # Its speed measured before any work, so its first heartbeat carries it.
+            await loop.run_in_executor(loader, probe_speed, self._engine, s.startup_probe_tokens)
         self.engine: LLMEngine = self._engine
         if self._bus is None:
             name = f"crescent-{self.node_id}"

@@ -39,15 +39,21 @@ TINY_GGUF_VERSION = 1
 
 def converter_dir(cache_dir: Path) -> Path:
     """The unpacked converter, downloaded and unpacked on first use."""
-    root = cache_dir / "llama-cpp"
-    target = root / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
+    target = cache_dir / "llama-cpp" / f"llama.cpp-{LLAMA_CPP_PYTHON_VERSION}"
     if (target / "convert_hf_to_gguf.py").is_file():
         return target
+    sdist = sdist_path(cache_dir)
+    return build_folder_once(target, lambda tmp: _extract(sdist, tmp), "convert_hf_to_gguf.py")
+
+
+def sdist_path(cache_dir: Path) -> Path:
+    """llama-cpp-python's source package, downloaded with pip on first use."""
+    root = cache_dir / "llama-cpp"
     root.mkdir(parents=True, exist_ok=True)
     sdist = root / SDIST
     if not sdist.is_file():
         _download(root)
-    return build_folder_once(target, lambda tmp: _extract(sdist, tmp), "convert_hf_to_gguf.py")
+    return sdist
 
 
 def _download(root: Path) -> None:

@@ -40,6 +40,29 @@ def test_silence_is_probed_and_a_long_stall_fails() -> None:
     assert "no token came" in watch.reason
 
 
+def test_a_prefill_predicted_to_run_long_may_stay_silent_that_long() -> None:
+    """An 8B model's long prompt computes for minutes before its first token: the stall
+    timeout counts from when the prediction (with its margin) runs out, and probes go on."""
+    watch = ChoiceWatch("p0", "e", progress_at=0.0, quiet_until=300.0)
+    assert watch.decide(5.0, True, False, POLICY) is Act.REPLAY
+    watch.replay_done()
+    assert watch.decide(200.0, True, False, POLICY) is Act.REPLAY
+    watch.replay_done()
+    assert watch.decide(202.0, True, False, POLICY) is Act.WAIT  # probed just now
+    assert watch.decide(359.0, True, False, POLICY) is Act.REPLAY
+    watch.replay_done()
+    assert watch.decide(360.0, True, False, POLICY) is Act.FAIL
+    flowing = ChoiceWatch("p0", "e", progress_at=0.0, quiet_until=300.0)
+    flowing.on_chunk(chunk(token_ids=[1]), advanced=True, now=10.0)
+    assert flowing.decide(70.0, True, False, POLICY) is Act.FAIL  # a stall after a token
+    resumed = ChoiceWatch("p0", "e", progress_at=0.0)
+    resumed.restart(10.0)
+    resumed.accepted("p1", "e1", 10.0, quiet_for=100.0)
+    assert resumed.decide(169.0, True, False, POLICY) is Act.REPLAY
+    resumed.replay_done()
+    assert resumed.decide(170.0, True, False, POLICY) is Act.FAIL
+
+
 def test_a_dead_or_leaving_owner_resumes_up_to_the_limit() -> None:
     watch = ChoiceWatch("d0", "e", progress_at=0.0)
     assert watch.decide(1.0, owner_alive=False, has_gap=False, policy=POLICY) is Act.RESUME

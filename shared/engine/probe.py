@@ -1,0 +1,35 @@
+"""A node's first measurement of its own speed, taken before it takes any work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from shared.engine.engine import LLMEngine
+from shared.engine.types import EngineStats
+from shared.sampling_params import SamplingParams
+
+#: Token ids of the probe's prompt start here: past the special tokens of common vocabularies.
+_FIRST_ID = 1000
+
+
+def probe_speed(engine: LLMEngine, num_tokens: int) -> None:
+    """Runs one prompt of ``num_tokens`` tokens and one decode step, reading and writing no
+    cached block, so the node's first heartbeat carries real step samples.
+
+    A scheduler that has seen no step of this model prices the node by a prior sized for a
+    small one: on an 8B model a prompt token costs about 30 times that, and a cached prefix
+    on NVMe was recomputed because recomputing it looked cheaper. The engine's counters are
+    cleared afterwards (its measured speed and step samples stay), so the metrics count only
+    served work."""
+    if num_tokens <= 0:
+        return
+    vocab = engine.runner.model.config.vocab_size
+    prompt = [(_FIRST_ID + i) % vocab for i in range(num_tokens)]
+    params = SamplingParams(
+        max_tokens=2, temperature=0.0, ignore_eos=True, cache_read=False, cache_write=False
+    )
+    engine.generate([prompt], params)
+    speed = engine.stats.prompt_token_s
+    for field in dataclasses.fields(EngineStats):
+        setattr(engine.stats, field.name, field.default)
+    engine.stats.prompt_token_s = speed

@@ -238,7 +238,8 @@ def run_stack(tier: str, options: argparse.Namespace, cache_dir: Path, result: R
         raise
     finally:
         stack.stop()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        if not options.keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 async def measured(stack: Stack, tier: str, result: Result) -> None:
@@ -312,6 +313,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a GGUF file or folder (default: SmolLM2)")
     parser.add_argument("--kv-cache-mb", type=int, default=160, help="each node's KV pool")
     parser.add_argument("--nvme-mb", type=int, default=4096, help="tierd's NVMe capacity")
+    parser.add_argument("--keep", action="store_true", help="keep each stack's data folder")
     parser.add_argument("--max-tokens", type=int, default=8, help="greedy tokens per answer")
     parser.add_argument(
         "--evict",

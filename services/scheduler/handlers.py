@@ -107,6 +107,9 @@ class SchedulerHandlers:
             return
         self._check_secret(status)
         now = time.monotonic()
+        known = self.view.nodes.get(status.node_id)
+        if known is not None and known.epoch != status.epoch:
+            self.recent.forget(status.node_id)  # a restarted node's pool starts empty
         self.view.update(node_load(status, now))
         if status.role != TIERD:  # a tierd runs no engine: no steps to time, no TTFTs
             self.view.timing.add(status.node_id, status.role, status.step_samples)
@@ -132,6 +135,7 @@ class SchedulerHandlers:
         node = self.view.nodes.get(node_id) if node_id else None
         if node is not None:
             log.warning("node %s disconnected from NATS", node_id)
+            self.recent.forget(node_id)
             node.disconnected = True
             node.last_seen = min(
                 node.last_seen, time.monotonic() - self.view.heartbeat_timeout_s - 1

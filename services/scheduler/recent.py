@@ -72,6 +72,15 @@ class RecentPlacements:
                 runs[node_id] = i + 1
         return [PrefixHolder(node_id, DRAM, blocks) for node_id, blocks in sorted(runs.items())]
 
+    def forget(self, node_id: str) -> None:
+        """``node_id`` restarted or went away: its pool holds none of what was placed there.
+        (Its expiry entries stay queued; expiring a record already gone is a no-op.)"""
+        for block_hash in [h for h, nodes in self._nodes.items() if node_id in nodes]:
+            nodes = self._nodes[block_hash]
+            del nodes[node_id]
+            if not nodes:
+                del self._nodes[block_hash]
+
     def _expire(self, now: float) -> None:
         while self._expiries and self._expiries[0][0] <= now:
             until, block_hash, node_id = self._expiries.popleft()

@@ -36,6 +36,20 @@ def test_each_node_gets_its_own_leading_run_and_a_new_record_extends_the_old() -
     assert recent.holders(H, now=14.5) == [PrefixHolder("prefill-0", "dram", 2)]
 
 
+def test_a_restarted_or_lost_node_is_forgotten_at_once() -> None:
+    """A long prefill is remembered for its predicted time; if its node restarts meanwhile, a
+    prompt asked again must not be priced as a pool hit there (it was recomputed, 218 s on
+    an 8B model, while NVMe held it)."""
+    recent = RecentPlacements(ttl_s=3.0)
+    recent.record(H[:4], "prefill-0", now=10.0, ready_in_s=200.0)
+    recent.record(H[:2], "decode-0", now=10.0)
+    recent.forget("prefill-0")
+    assert recent.holders(H, now=11.0) == [PrefixHolder("decode-0", "dram", 2)]
+    recent.forget("decode-0")
+    assert recent.holders(H, now=11.0) == [] and len(recent) == 0
+    assert recent.holders(H, now=300.0) == []  # the queued expiries of forgotten records
+
+
 def test_merging_keeps_the_longer_run_of_each_pool_and_every_other_holder() -> None:
     listed = [PrefixHolder("prefill-0", "dram", 3), PrefixHolder("tierd", "s3", 6)]
     recent = [PrefixHolder("prefill-0", "dram", 5), PrefixHolder("decode-0", "dram", 2)]

@@ -135,7 +135,7 @@ class SchedulerHandlers:
         node = self.view.nodes.get(node_id) if node_id else None
         if node is not None:
             log.warning("node %s disconnected from NATS", node_id)
-            self.recent.forget(node_id)
+            self.recent.forget(node.node_id)
             node.disconnected = True
             node.last_seen = min(
                 node.last_seen, time.monotonic() - self.view.heartbeat_timeout_s - 1

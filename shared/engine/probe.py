@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from shared.engine.engine import LLMEngine
+from shared.engine.step_governor import StepGovernor
 from shared.engine.types import EngineStats
 from shared.sampling_params import SamplingParams
 
@@ -20,7 +21,7 @@ def probe_speed(engine: LLMEngine, num_tokens: int) -> None:
     small one: on an 8B model a prompt token costs about 30 times that, and a cached prefix
     on NVMe was recomputed because recomputing it looked cheaper. The engine's counters are
     cleared afterwards (its measured speed and step samples stay), so the metrics count only
-    served work."""
+    served work, and so is the prompt-step governor's view of contention."""
     if num_tokens <= 0:
         return
     vocab = engine.runner.model.config.vocab_size
@@ -33,3 +34,6 @@ def probe_speed(engine: LLMEngine, num_tokens: int) -> None:
     for field in dataclasses.fields(EngineStats):
         setattr(engine.stats, field.name, field.default)
     engine.stats.prompt_token_s = speed
+    # Nodes starting together probe together: the cores they waited for then say nothing
+    # of the load to come, and would hold the next prompt steps to one thread.
+    engine.threads.governor = StepGovernor()

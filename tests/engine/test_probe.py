@@ -13,6 +13,9 @@ def test_the_probe_leaves_step_samples_and_nothing_else(
 ) -> None:
     engine = make_real_engine()
     free = engine.pool.num_free_blocks
+    # As if the probe had waited for cores (both nodes probe as they start together).
+    engine.threads.governor.record(2, 1.0, 0.5)
+    assert engine.threads.governor.alone_left > 0
     probe_speed(engine, PROMPT_STEP_TOKENS)
     samples = list(engine.step_timings)
     assert [s.num_tokens for s in samples] == [PROMPT_STEP_TOKENS, 1]  # a prompt, a decode
@@ -22,6 +25,7 @@ def test_the_probe_leaves_step_samples_and_nothing_else(
     assert engine.stats.output_tokens == 0
     assert engine.pool.num_cached_blocks == 0 and engine.pool.num_free_blocks == free
     assert not engine.has_unfinished_requests()
+    assert engine.threads.governor.alone_left == 0  # that contention is forgotten
 
 
 def test_no_probe_when_it_is_off(make_real_engine: RealEngineFactory) -> None:

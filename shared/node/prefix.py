@@ -170,6 +170,27 @@ class PrefixFetcher:
             if first >= end:
                 return
             # The files ran out (moved to S3 meanwhile, damaged): tierd has the rest, if anyone.
+        # A tierd stages what its memory holds (CRESCENT_STAGING_MB): a long prefix of a large
+        # model's KV comes in several pins, each released before the next is asked.
+        while first < end:
+            pulled = await self._pin_and_pull(prompt, salt, hashes, first, end, plan, key, fetched)
+            if pulled <= 0 or plan.tier == DRAM:
+                return
+            first += pulled
+
+    async def _pin_and_pull(
+        self,
+        prompt: list[int],
+        salt: bytes,
+        hashes: list[BlockHash],
+        first: int,
+        end: int,
+        plan: PullPlan,
+        key: str,
+        fetched: FetchedPrefix,
+    ) -> int:
+        """Pins ``hashes[first:end]`` at the plan's source and pulls what it pinned; the
+        number of blocks pulled and verified."""
         try:
             pin = await self.bus.request(
                 subjects.peer_pins(plan.node_id),
@@ -180,12 +201,15 @@ class PrefixFetcher:
         except BusRequestError as exc:
             self.pulls_failed += 1
             log.warning("peer %s did not pin blocks (%s); computing instead", plan.node_id, exc)
-            return
+            return 0
         try:
-            if pin.block_ids:
-                pulled = await self._pull(prompt, salt, hashes, first, key, pin, plan.tier)
-                if pulled is not None:
-                    fetched.add(*pulled, plan.tier, pin.block_tiers)
+            if not pin.block_ids:
+                return 0
+            pulled = await self._pull(prompt, salt, hashes, first, key, pin, plan.tier)
+            if pulled is None:
+                return 0
+            fetched.add(*pulled, plan.tier, pin.block_tiers)
+            return len(pulled[1])
         finally:
             if pin.lease_id:
                 release = LeaseRelease(lease_id=pin.lease_id)

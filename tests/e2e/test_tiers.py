@@ -101,6 +101,9 @@ def tiers(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Iterator
         # request as if nothing were cached, which is not what these tests are about.
         "CRESCENT_MATCH_TIMEOUT_MS": "2000",
         "CRESCENT_API_KEYS": f"{ALICE_KEY}:alice,{BOB_KEY}:bob",
+        # tierd stages a third of a prompt's blocks at a time (31 blocks of 1.4 MB): a prefix
+        # coming back from S3 is pinned and pulled in pieces, as a large model's always is.
+        "CRESCENT_STAGING_MB": "16",
         # Placements (which holders, which pulls) are logged at debug: a failure shows them.
         "CRESCENT_LOG_LEVEL": "DEBUG",
         # The tiers are read by the prefill node these tests watch, never by a decode node.

@@ -23,8 +23,21 @@ from shared.model.files import build_folder_once
 from tests.support.llama_cpp import LLAMA_CPP_PYTHON_VERSION, default_cache_dir, sdist_path
 
 _VENDOR = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+# The CPU's own instruction sets, AMX left out: ggml's AMX matmul crashes (SIGSEGV) in VMs
+# whose hypervisor lists the AMX flags without granting the tiles, as on the development VM;
+# ``-march=native`` (GGML_NATIVE) would turn it on wherever the flag shows.
+_CPU_FEATURES = {
+    "avx512f": "GGML_AVX512",
+    "avx512vbmi": "GGML_AVX512_VBMI",
+    "avx512_vnni": "GGML_AVX512_VNNI",
+    "avx512_bf16": "GGML_AVX512_BF16",
+    "avx_vnni": "GGML_AVX_VNNI",
+}
 _FLAGS = (
-    "-DGGML_NATIVE=ON",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
     "-DLLAMA_BUILD_SERVER=ON",
     "-DLLAMA_CURL=OFF",
     "-DLLAMA_OPENSSL=OFF",
@@ -44,7 +57,8 @@ def llama_cpp_build(cache_dir: Path, targets: Sequence[str] = ("llama-quantize",
     build_folder_once(source, lambda tmp: _unpack(sdist, tmp), "CMakeLists.txt")
     cmake = _cmake()
     print(f"building llama.cpp's {', '.join(targets)} once, in {build}", flush=True)
-    subprocess.run([cmake, "-B", str(build), "-S", str(source), *_FLAGS], check=True)
+    flags = [*_FLAGS, *_cpu_flags()]
+    subprocess.run([cmake, "-B", str(build), "-S", str(source), *flags], check=True)
     jobs = str(os.cpu_count() or 2)
     subprocess.run([cmake, "--build", str(build), "--target", *targets, "-j", jobs], check=True)
     return build
@@ -65,6 +79,18 @@ def requantized(cache_dir: Path, source: Path, qtype: str) -> Path:
     )
     partial.replace(target)
     return target
+
+
+def _cpu_flags() -> list[str]:
+    """``-DGGML_<SET>=ON`` for each instruction set this CPU lists (AVX, AVX2, FMA, F16C and
+    BMI2 are on by default)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
+    have = set(line.split(":", 1)[-1].split())
+    return [f"-D{option}=ON" for flag, option in _CPU_FEATURES.items() if flag in have]
 
 
 def _cmake() -> str:

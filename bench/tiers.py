@@ -141,7 +141,13 @@ class Client:
 def stack_env(
     cache_dir: Path, options: argparse.Namespace, extra: dict[str, str]
 ) -> dict[str, str]:
-    model = {"CRESCENT_MODEL": str(options.model)} if options.model else {}
+    # Another model than SmolLM2: its nodes time themselves at start, so the scheduler does
+    # not price them by SmolLM2's prior (CRESCENT_STARTUP_PROBE_TOKENS).
+    model = (
+        {"CRESCENT_MODEL": str(options.model), "CRESCENT_STARTUP_PROBE_TOKENS": "64"}
+        if options.model
+        else {}
+    )
     return (
         model
         | {

@@ -47,7 +47,7 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
     startup_probe_tokens: int = Field(
-        default=64,
+        default=0,
         ge=0,
         description="a prompt this long timed at start, so placement knows the node's speed",
     )

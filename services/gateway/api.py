@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -32,6 +33,7 @@ from services.gateway.api_models import (
 )
 from services.gateway.auth import ApiKeys
 from services.gateway.completions import Completions
+from services.gateway.docs_pages import OfflineDocs
 from services.gateway.errors import ApiError
 from services.gateway.http_io import (
     DEBUG_REQUESTS,
@@ -106,7 +108,9 @@ class Gateway:
 
 
 def build_app(gateway: Gateway) -> FastAPI:
-    app = FastAPI(
+    """The gateway's routes; ``/docs`` and ``/redoc`` load Swagger UI and ReDoc from files
+    installed with ``fastapi-offline``, never from a CDN."""
+    app = FastAPIOffline(
         title="Crescent gateway",
         version="0.1.0",
         description="OpenAI-compatible API of a Crescent deployment, with its extensions.",
@@ -114,13 +118,15 @@ def build_app(gateway: Gateway) -> FastAPI:
     app.state.gateway = gateway
     _install_error_handlers(app)
     app.add_middleware(CountRequests, metrics=gateway.metrics, endpoints=ENDPOINTS)
+    app.add_middleware(OfflineDocs)
     _add_routes(app, gateway)
-    _describe_bodies(app, [gateway.builder.model_name])
+    _describe_bodies(app, [gateway.builder.model_name], keyed=not gateway.keys.open)
     return app
 
 
-def _describe_bodies(app: FastAPI, model_names: list[str]) -> None:
-    """``/openapi.json`` describes the bodies the routes parse themselves, too."""
+def _describe_bodies(app: FastAPI, model_names: list[str], keyed: bool) -> None:
+    """``/openapi.json`` describes the bodies the routes parse themselves, too, and where
+    ``keyed``, the API key the routes that may answer 401 take (/docs' Authorize button)."""
 
     def described() -> dict[str, Any]:
         if not app.openapi_schema:
@@ -128,7 +134,8 @@ def _describe_bodies(app: FastAPI, model_names: list[str]) -> None:
                 title=app.title, version=app.version, description=app.description,
                 routes=app.routes,
             )  # fmt: skip
-            app.openapi_schema = openapi.describe_bodies(schema, BODIES, model_names)
+            schema = openapi.describe_bodies(schema, BODIES, model_names)
+            app.openapi_schema = openapi.require_key(schema) if keyed else schema
         return app.openapi_schema
 
     app.openapi = described  # type: ignore[method-assign]

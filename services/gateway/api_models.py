@@ -30,16 +30,26 @@ class PromptTokensDetails(BaseModel):
         description="Crescent: ``cached_tokens`` split by where the blocks were found "
         "(``dram``, ``nvme``, ``s3``); the values add up to ``cached_tokens``."
     )
+    cache_write_tokens: int = Field(
+        description="Prompt tokens whose KV this request newly cached (full blocks; 0 with "
+        "cache_control write false, or when every block was cached already)."
+    )
     cache_written_tokens: int = Field(
-        description="Crescent: prompt tokens whose KV this request newly cached (full blocks; "
-        "0 with cache_control write false, or when every block was cached already)."
+        description="Deprecated: the same as ``cache_write_tokens``, under its earlier name; "
+        "removed in the next release.",
+        json_schema_extra={"deprecated": True},
     )
 
 
 class CompletionTokensDetails(BaseModel):
-    cache_written_tokens: int = Field(
+    cache_write_tokens: int = Field(
         description="Crescent: completion tokens whose KV this request newly cached (full "
         "blocks), for a next turn to reuse."
+    )
+    cache_written_tokens: int = Field(
+        description="Deprecated: the same as ``cache_write_tokens``, under its earlier name; "
+        "removed in the next release.",
+        json_schema_extra={"deprecated": True},
     )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -11,6 +11,7 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from services.gateway.auth import parse_api_keys, parse_key_file
 from services.gateway.tool_syntax import ParserSetting
 from shared.model.files import default_cache_dir
+from shared.model.generation_config import usable
 from shared.nats_auth import NatsAuthSettings
 from shared.secrets import refused
 
@@ -88,6 +89,17 @@ class GatewaySettings(NatsAuthSettings):
     max_resumes: int = Field(
         default=4, ge=0, description="How often one request may move to another node"
     )
+    generation_config: Literal["auto", "none"] = Field(
+        default="auto",
+        description="Sampling defaults of requests: auto, the model's generation_config.json "
+        "(temperature, top_p, top_k, repetition_penalty; max_new_tokens as max_tokens), as "
+        "vLLM's --generation-config auto; none: Crescent's own. A request's values win",
+    )
+    override_generation_config: dict[str, float | int] = Field(
+        default_factory=dict,
+        description="JSON of generation_config.json keys over the model's, e.g. "
+        '{"temperature": 0, "max_new_tokens": 256} (vLLM\'s --override-generation-config)',
+    )
     tool_call_parser: ParserSetting = Field(
         default="auto",
         description="Tool call syntax in prompts and answers; auto: the chat template's own "
@@ -107,6 +119,12 @@ class GatewaySettings(NatsAuthSettings):
             return {digest.hex(): tenant for digest, tenant in parse_api_keys(value).items()}
         except ValueError as exc:
             raise refused(str(exc)) from None
+
+    @field_validator("override_generation_config")
+    @classmethod
+    def _check_override(cls, value: dict[str, float | int]) -> dict[str, float | int]:
+        usable(value, "CRESCENT_OVERRIDE_GENERATION_CONFIG", strict=True)
+        return value
 
     @model_validator(mode="after")
     def _load_key_file(self) -> Self:

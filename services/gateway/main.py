@@ -33,6 +33,7 @@ from shared.cluster_messages import NodeStatus
 from shared.heartbeat import heartbeat_loop
 from shared.liveness import Liveness
 from shared.model.files import resolve_model
+from shared.model.generation_config import sampling_defaults
 from shared.model.tokenizer import Tokenizer
 from shared.runtime import STOP_CLOSE_S, StopWatchdog, settle_heap, setup_logging
 
@@ -57,6 +58,7 @@ class GatewayService:
         s = self.settings
         files = resolve_model(s.model, s.cache_dir)
         tokenizer = Tokenizer.from_dir(files.path)
+        defaults = sampling_defaults(files.path, s.generation_config, s.override_generation_config)
         self.bus = bus = await connect_bus(
             s.nats_url, f"crescent-{self.gateway_id}", s.nats_connect_timeout_s,
             s.connect_options(),
@@ -71,6 +73,7 @@ class GatewayService:
             s.max_model_len or files.config.context_length,
             s.max_n,
             s.tool_call_parser,
+            defaults,
         )
         builder.grammars  # noqa: B018 - built now, not on the first structured request
         recovery = RecoveryPolicy(stall_timeout_s=s.stall_timeout_s, max_resumes=s.max_resumes)
@@ -88,6 +91,7 @@ class GatewayService:
             heartbeat_loop(bus, s.heartbeat_interval_s, self._status, self._status_now)
         )
         log.info("serving %s (context %d tokens)", builder.model_name, builder.max_model_len)
+        log.info("sampling defaults: %s", defaults.describe())
         app = build_app(gateway)
         # The status page: every service's heartbeat, and what this gateway served.
         feed = StatusFeed(StatusBoard(s.heartbeat_timeout_s), gateway.metrics, self._describe)

@@ -14,6 +14,8 @@ _REF = "#/components/schemas/{model}"
 #: The errors every generation route may answer, besides 200.
 GENERATION_ERRORS = (400, 401, 404, 413, 429, 499, 500, 503, 504)
 PLAIN_ERRORS = (400, 401, 404, 413, 500)
+#: The name of the API key's security scheme.
+API_KEY = "ApiKey"
 
 
 def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -31,6 +33,19 @@ def event_stream(description: str, chunk: str) -> dict[int | str, dict[str, Any]
         "required": ["data"],
     }
     return {200: {"description": description, "content": {"text/event-stream": {"schema": event}}}}
+
+
+def require_key(schema: dict[str, Any]) -> dict[str, Any]:
+    """Declares the API key (``Authorization: Bearer KEY``) on every operation that may
+    answer 401, so that clients generated from the schema, and Swagger UI's Authorize
+    button, send it."""
+    schemes = schema.setdefault("components", {}).setdefault("securitySchemes", {})
+    schemes[API_KEY] = {"type": "http", "scheme": "bearer", "description": "An API key"}
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            if "401" in operation.get("responses", {}):
+                operation["security"] = [{API_KEY: []}]
+    return schema
 
 
 def describe_bodies(

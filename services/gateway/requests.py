@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from services.gateway import errors, tool_syntax, tools
-from services.gateway.sampling import sampling_spec
+from services.gateway.sampling import NO_DEFAULTS, sampling_spec
 from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Tool
 from services.gateway.structured import requested_grammar
 from services.gateway.validation import (
@@ -22,6 +22,7 @@ from services.gateway.validation import (
 )
 from shared.errors import PromptTooLongError
 from shared.messages import GenerateRequest
+from shared.model.generation_config import SamplingDefaults
 from shared.model.grammar import Grammars
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import MAX_TOP_LOGPROBS
@@ -89,9 +90,10 @@ class _Common:
 class RequestBuilder:
     """Validates OpenAI bodies and turns them into ``PreparedRequest``s for one served model.
 
-    Owns the tokenizer, the served name, the limits and the tool syntax (``tool_parser``: a
-    name, or ``auto``: the template's). Invariant: it never returns a request that would
-    exceed ``max_model_len`` or carry out-of-range sampling values.
+    Owns the tokenizer, the served name, the limits, the tool syntax (``tool_parser``: a
+    name, or ``auto``: the template's) and the model's sampling ``defaults``. Invariant: it
+    never returns a request that would exceed ``max_model_len`` or carry out-of-range
+    sampling values.
     """
 
     def __init__(
@@ -101,11 +103,13 @@ class RequestBuilder:
         max_model_len: int,
         max_n: int,
         tool_parser: str = "auto",
+        defaults: SamplingDefaults = NO_DEFAULTS,
     ):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.max_n = max_n
+        self.defaults = defaults
         self.tool_syntax = tool_syntax.resolve(tool_parser, tokenizer.chat_template)
         self.tool_markers = tools.special_markers(self.tool_syntax, tokenizer)
 
@@ -133,7 +137,8 @@ class RequestBuilder:
         param = "max_completion_tokens"
         if requested is None:
             requested, param = body.max_tokens, "max_tokens"
-        max_tokens = self._max_tokens(requested, None, len(prompt), param, "messages")
+        default = self.defaults.max_tokens
+        max_tokens = self._max_tokens(requested, default, len(prompt), param, "messages")
         sized = [(prompt, max_tokens)]
         prepared = self._prepare(
             "chatcmpl", "chat", body, tenant, common, sized, logprobs, plan.grammar or grammar
@@ -161,7 +166,7 @@ class RequestBuilder:
             raise errors.invalid(
                 f"{len(prompts)} prompts with n={common.n} exceed {MAX_SEQUENCES} sequences", "n"
             )
-        default = COMPLETIONS_DEFAULT_MAX_TOKENS
+        default = self.defaults.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
         sized = [(p, self._max_tokens(body.max_tokens, default, len(p), "max_tokens", "prompt"))
                  for p in prompts]  # fmt: skip
         grammar = self._grammar(body)
@@ -263,22 +268,20 @@ class RequestBuilder:
     ) -> PreparedRequest:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         now = time.time()
+        vocab, defaults = self.tokenizer.vocab_size, self.defaults
         choices = []
         for p, (prompt, max_tokens) in enumerate(prompts):
             for j in range(common.n):
-                index = p * common.n + j
-                sampling = sampling_spec(
-                    body, max_tokens, logprobs, j, self.tokenizer.vocab_size, grammar
-                )
+                sampling = sampling_spec(body, max_tokens, logprobs, j, vocab, grammar, defaults)
                 request = GenerateRequest(
-                    request_id=f"{request_id}-{index}",
+                    request_id=f"{request_id}-{p * common.n + j}",
                     tenant=tenant,
                     prompt_token_ids=list(prompt),
                     sampling=sampling,
                     cache_salt=common.cache_salt,
                     arrival_ts=now,
                 )
-                choices.append(Choice(index, p, request))
+                choices.append(Choice(p * common.n + j, p, request))
         options = OutputOptions(
             common.stop,
             bool(body.include_stop_str_in_output),

@@ -34,9 +34,10 @@ def usage(request: PreparedRequest, choices: Sequence[ChoiceAssembler]) -> dict[
 
     ``cached_tokens_by_tier`` (a Crescent extension beside OpenAI's ``cached_tokens``) says
     where the cached tokens were found: a pool, NVMe or S3; its values add up to
-    ``cached_tokens``. ``cache_written_tokens`` (Crescent's too, in both details) counts the
-    prompt and completion tokens the request newly cached, full blocks only, over all its
-    choices (a prompt two choices computed on two nodes is written twice).
+    ``cached_tokens``. ``cache_write_tokens`` (OpenAI's in the prompt's details, Crescent's
+    in the completion's) counts the prompt and completion tokens the request newly cached,
+    full blocks only, over all its choices (a prompt two choices computed on two nodes is
+    written twice); ``cache_written_tokens``, its earlier name, repeats it for one release.
     """
     prompt_tokens = sum(len(p) for p in request.prompts)
     cached = 0
@@ -49,7 +50,8 @@ def usage(request: PreparedRequest, choices: Sequence[ChoiceAssembler]) -> dict[
             cached += tokens
             _split(tokens, choice.cached_by_tier, by_tier)
     completion_tokens = sum(c.completion_tokens for c in choices)
-    written = [c.tokens_written for c in choices]
+    prompt_written = sum(c.tokens_written[0] for c in choices)
+    output_written = sum(c.tokens_written[1] for c in choices)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -57,10 +59,15 @@ def usage(request: PreparedRequest, choices: Sequence[ChoiceAssembler]) -> dict[
         "prompt_tokens_details": {
             "cached_tokens": cached,
             "cached_tokens_by_tier": by_tier,
-            "cache_written_tokens": sum(p for p, _ in written),
+            **_written(prompt_written),
         },
-        "completion_tokens_details": {"cache_written_tokens": sum(o for _, o in written)},
+        "completion_tokens_details": _written(output_written),
     }
+
+
+def _written(tokens: int) -> dict[str, int]:
+    # cache_written_tokens: the name before OpenAI's, kept for one release.
+    return {"cache_write_tokens": tokens, "cache_written_tokens": tokens}
 
 
 def _split(tokens: int, reported: dict[str, int], into: dict[str, int]) -> None:

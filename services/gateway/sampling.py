@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from services.gateway import errors
 from services.gateway.schemas import (
     CacheControl,
@@ -11,7 +13,11 @@ from services.gateway.schemas import (
 )
 from shared.errors import InvalidRequestError
 from shared.messages import SamplingSpec
+from shared.model.generation_config import SamplingDefaults
 from shared.sampling_params import SamplingParams
+
+NO_DEFAULTS = SamplingDefaults()
+T = TypeVar("T", int, float)
 
 
 def sampling_spec(
@@ -21,7 +27,10 @@ def sampling_spec(
     sibling: int,
     vocab_size: int,
     grammar: str = "",
+    defaults: SamplingDefaults = NO_DEFAULTS,
 ) -> SamplingSpec:
+    """The sequence's sampling: the body's values, else the model's ``defaults``, else
+    Crescent's own."""
     # Sibling choices share a prompt; the same seed would make them identical, so each takes
     # the next seed and choice 0 stays what a request with n=1 and this seed gives.
     seed = body.seed
@@ -39,16 +48,16 @@ def sampling_spec(
     try:
         params = SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=0 if body.top_k is None else body.top_k,
+            temperature=_first(body.temperature, defaults.temperature, 1.0),
+            top_p=_first(body.top_p, defaults.top_p, 1.0),
+            top_k=_first(body.top_k, defaults.top_k, 0),
             seed=seed,
             logprobs=logprobs,
             stop_token_ids=tuple(body.stop_token_ids or ()),
             ignore_eos=bool(body.ignore_eos),
             frequency_penalty=body.frequency_penalty or 0.0,
             presence_penalty=body.presence_penalty or 0.0,
-            repetition_penalty=1.0 if body.repetition_penalty is None else body.repetition_penalty,
+            repetition_penalty=_first(body.repetition_penalty, defaults.repetition_penalty, 1.0),
             logit_bias=logit_bias(body.logit_bias, vocab_size),
             min_tokens=min_tokens,
             grammar=grammar,
@@ -66,6 +75,13 @@ def sampling_spec(
             "stop_token_ids",
         )
     return SamplingSpec.from_params(params)
+
+
+def _first(asked: T | None, default: T | None, fallback: T) -> T:
+    """The request's value, else the model's default, else Crescent's."""
+    if asked is not None:
+        return asked
+    return fallback if default is None else default
 
 
 def keep_of(cache: CacheControl | None) -> tuple[str, float]:

@@ -28,7 +28,7 @@ GGUF_MAGIC = b"GGUF"
 # Written into a converted config.json so the folder remembers the id of its source file.
 MODEL_ID_KEY = "crescent_model_id"
 # Bumped whenever the converted folder changes shape, so older caches are not reused.
-CONVERTER_VERSION = 6
+CONVERTER_VERSION = 7
 
 
 @dataclass(frozen=True, slots=True)

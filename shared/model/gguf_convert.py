@@ -28,6 +28,7 @@ from safetensors.torch import save_file
 from shared.errors import ModelNotFoundError, UnsupportedModelError
 from shared.model.config import ModelConfig
 from shared.model.files import MODEL_ID_KEY, is_gguf_file
+from shared.model.generation_config import GENERATION_CONFIG, from_gguf
 from shared.model.gguf_arch import ARCHS, GLOBAL_NAMES, ArchSpec, Experts, hf_config
 from shared.model.gguf_mapped import MappedEntry, is_mappable, write_plan
 from shared.model.gguf_meta import GgufMeta
@@ -230,7 +231,8 @@ def _write_tokenizer(source: Path, out_dir: Path, template: str | None) -> None:
 
 
 def convert_gguf(source: Path, out_dir: Path, dequantize_all: bool = False) -> ModelConfig:
-    """Writes ``config.json``, the tokenizer files and ``model.safetensors`` of ``source``:
+    """Writes ``config.json``, the tokenizer files, ``generation_config.json`` (where the file
+    has sampling defaults) and ``model.safetensors`` of ``source``:
     fp32 copies of the weights the model does not read from the file in place, whose list
     goes to ``ggml/mapped.json`` (``gguf_mapped``). ``dequantize_all``: every weight in fp32
     and nothing mapped (a folder transformers can load on its own).
@@ -244,6 +246,7 @@ def convert_gguf(source: Path, out_dir: Path, dequantize_all: bool = False) -> M
     # Crescent must serve what it converts: its own reader refuses here, before any work.
     config = ModelConfig.from_hf_dict(hf, model_id=source.stem)
     template = meta.raw("tokenizer.chat_template")
+    generation = from_gguf(meta)
     plan = {} if dequantize_all else mapping_plan(meta, spec, hf)
     skip = frozenset(e.tensor for e in plan.values())
     tensors = dict(iter_hf_tensors(meta, spec, hf, skip))
@@ -252,6 +255,9 @@ def convert_gguf(source: Path, out_dir: Path, dequantize_all: bool = False) -> M
     del meta
     if plan:
         write_plan(out_dir, source, plan)
+    if generation:  # llama.cpp's general.sampling.* keys, where the file has them
+        text = json.dumps(generation, indent=2) + "\n"
+        (out_dir / GENERATION_CONFIG).write_text(text, encoding="utf-8")
     (out_dir / "config.json").write_text(json.dumps(hf, indent=2) + "\n", encoding="utf-8")
     _write_tokenizer(source, out_dir, template)
     return config

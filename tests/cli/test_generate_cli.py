@@ -78,14 +78,18 @@ def test_the_same_seed_gives_the_same_sampled_text(cache_dir: Path) -> None:
         (["--prompt", "word " * 9000], "maximum context length is 8192"),
     ],
 )
-def test_bad_input_is_one_line_on_stderr_and_exit_2(
+def test_bad_input_is_one_line_of_error_on_stderr_and_exit_2(
     cache_dir: Path, args: list[str], needle: str
 ) -> None:
+    """One line of error; a bad argument has the command's usage above it, nothing else does."""
     done = crescent(cache_dir, "generate", *args)
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], done.stderr
+    assert needle in lines[-1] and "error:" in lines[-1], done.stderr
+    above = lines[:-1]
+    assert not above or above[0].startswith("usage: crescent generate"), done.stderr
+    assert not any("error:" in line for line in above), done.stderr
 
 
 @pytest.mark.parametrize("content", ["not json", json.dumps({"role": "user"}), json.dumps([])])

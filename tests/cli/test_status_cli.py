@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,26 +47,6 @@ def test_the_tables_show_the_documents_figures() -> None:
     assert "96.0%" in out  # the hit ratio: 384 of 400
     request = next(line for line in out.splitlines() if "123.4 ms" in line)
     assert "20.1 ms" in request and "900.0 ms" in request and "384" in request
-
-
-@pytest.fixture
-def gateway() -> Iterator[str]:
-    body = json.dumps(document()).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            ok = self.path == "/status"
-            self.send_response(200 if ok else 404)
-            self.end_headers()
-            self.wfile.write(body if ok else b"")
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
 
 
 def test_status_reads_a_gateway_by_url_or_stack_folder(

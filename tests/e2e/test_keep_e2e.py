@@ -68,8 +68,8 @@ def from_dram(usage: Any) -> int:
 
 
 def written(usage: Any) -> tuple[int, int]:
-    prompt = usage.prompt_tokens_details.model_extra["cache_written_tokens"]
-    completion = usage.completion_tokens_details.model_extra["cache_written_tokens"]
+    prompt = usage.prompt_tokens_details.cache_write_tokens  # OpenAI's field
+    completion = usage.completion_tokens_details.model_extra["cache_write_tokens"]
     return int(prompt), int(completion)
 
 

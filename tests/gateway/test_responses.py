@@ -80,9 +80,10 @@ def test_chat_response_shape_and_usage_counts_the_prompt_once(
         "prompt_tokens_details": {
             "cached_tokens": 16,
             "cached_tokens_by_tier": {"dram": 4, "nvme": 10, "s3": 2},
+            "cache_write_tokens": 0,
             "cache_written_tokens": 0,
         },
-        "completion_tokens_details": {"cache_written_tokens": 0},
+        "completion_tokens_details": {"cache_write_tokens": 0, "cache_written_tokens": 0},
     }
     content = body["choices"][0]["logprobs"]["content"]
     assert [e["token"] for e in content] == ["Hi", " there"]
@@ -115,8 +116,14 @@ def test_written_tokens_add_up_over_nodes_and_choices(
             choice.add(chunk)
         choices.append(choice)
     usage = Shapes(prepared, tokenizer).response(choices)["usage"]
+    assert usage["prompt_tokens_details"]["cache_write_tokens"] == 2 * 64
+    assert usage["completion_tokens_details"]["cache_write_tokens"] == 2 * 32
+    # The earlier name says the same, for one release.
     assert usage["prompt_tokens_details"]["cache_written_tokens"] == 2 * 64
-    assert usage["completion_tokens_details"] == {"cache_written_tokens": 2 * 32}
+    assert usage["completion_tokens_details"] == {
+        "cache_write_tokens": 2 * 32,
+        "cache_written_tokens": 2 * 32,
+    }
 
 
 def test_completion_logprobs_shape(builder: RequestBuilder, tokenizer: Tokenizer) -> None:

@@ -18,8 +18,12 @@ CONFINED = {
     "grpc": ("shared/rpc/", "services/cachemeta/"),
     "aiobotocore": ("services/tierd/",),
     "fastapi": ("services/gateway/",),
+    "fastapi_offline": ("services/gateway/",),
 }
-FRAMEWORKS = ("nats", "fastapi", "grpc", "sqlalchemy", "alembic", "aiobotocore", "starlette")
+FRAMEWORKS = (
+    "nats", "fastapi", "fastapi_offline", "grpc", "sqlalchemy", "alembic", "aiobotocore",
+    "starlette",
+)  # fmt: skip
 # Wiring and adapters talk to frameworks; the storage adapters (tables, statements,
 # migrations, the S3 client) are the one place a service touches its storage library.
 WIRING_FILES = {"main.py", "__main__.py", "api.py", "handlers.py", "servicer.py", "config.py"}

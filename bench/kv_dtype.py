@@ -1,5 +1,5 @@
-"""What a KV cache of bfloat16 or float16 (CRESCENT_KV_DTYPE) costs in exactness and gains in
-bytes, against the float32 cache, on one model in one run.
+"""What a KV cache of bfloat16, float16 or fp8_e4m3 (CRESCENT_KV_DTYPE) costs in exactness and
+gains in bytes, against the float32 cache, on one model in one run.
 
 Loads the model once per KV dtype and decodes the same prompts greedily (fresh text prompts
 from a fixed list, each extended by random token ids to ``--prompt-tokens``), then prints per
@@ -28,7 +28,7 @@ from shared.model.files import resolve_model
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "fp8_e4m3")
 OPENINGS = (
     "The history of the Roman empire is",
     "def quicksort(items):",

@@ -30,10 +30,11 @@ class EngineSettings(BaseSettings):
     )
     device: str = Field(default="auto", description="cpu, cuda, cuda:N or auto")
     dtype: str = Field(default="auto", description="float32, float16, bfloat16 or auto")
-    kv_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+    kv_dtype: Literal["auto", "float32", "bfloat16", "float16", "fp8_e4m3", "fp8"] = Field(
         default="auto",
         description="What the KV cache stores, in pools, hand-offs and tiers; auto: the "
-        "model's dtype (float32 on CPU). bfloat16 and float16 halve KV memory and traffic",
+        "model's dtype (float32 on CPU). bfloat16 and float16 halve KV memory and traffic; "
+        "fp8_e4m3 (alias fp8) quarters them, unscaled, saturating at +-448",
     )
     enable_prefix_caching: bool = Field(default=True, description="reuse cached prompt blocks")
     num_threads: int | None = Field(
@@ -58,6 +59,13 @@ class EngineSettings(BaseSettings):
         description="Each step takes this process's share of the cores that other model "
         "processes on the host are computing on too",
     )
+
+    @field_validator("kv_dtype")
+    @classmethod
+    def _kv_dtype(cls, value: str) -> str:
+        # One name per format: the name is part of every block's hash, so nodes configured
+        # with the alias and with the full name share their blocks.
+        return "fp8_e4m3" if value == "fp8" else value
 
     @field_validator("cpu_affinity")
     @classmethod

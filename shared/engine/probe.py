@@ -13,6 +13,21 @@ from shared.sampling_params import SamplingParams
 _FIRST_ID = 1000
 
 
+#: Past this many weights per token a prompt costs the scheduler's small-model prior several
+#: times over: such a node times a prompt before it takes work. Below it the probe is skipped,
+#: so nodes of a small model starting together do not time each other's contention.
+PROBE_FROM_WEIGHTS = 400_000_000
+AUTO_PROBE_TOKENS = 64
+
+
+def probe_tokens(engine: LLMEngine, setting: int | None) -> int:
+    """The probe's length: the setting where given, else by the model's size."""
+    if setting is not None:
+        return setting
+    big = engine.runner.model.config.weights_per_token >= PROBE_FROM_WEIGHTS
+    return AUTO_PROBE_TOKENS if big else 0
+
+
 def probe_speed(engine: LLMEngine, num_tokens: int) -> None:
     """Runs one prompt of ``num_tokens`` tokens and one decode step, reading and writing no
     cached block, so the node's first heartbeat carries real step samples.

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from shared.model.config import ModelConfig
 
-# Element sizes of the dtypes a KV cache may be stored in.
-_ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2}
+# Element sizes of the dtypes a KV cache may be stored in (fp8_e4m3: torch's float8_e4m3fn).
+_ITEMSIZE: dict[str, int] = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8_e4m3": 1}
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from shared.model.kv_cache import PagedKVCache
+from shared.model.kv_cache import PagedKVCache, stores_bytes, to_stored
 
 
 @dataclass(slots=True)
@@ -83,12 +83,15 @@ def paged_attention(
     if stored != k.dtype:
         # Every query sees K and V as the cache holds them, the new tokens' too, so a prompt
         # computes the same whether its prefix was cached, chunked or computed with it.
-        k_stored, v_stored = k.to(stored), v.to(stored)
+        k_stored, v_stored = to_stored(k, stored), to_stored(v, stored)
         k, v = k_stored.to(k.dtype), v_stored.to(v.dtype)
     else:
         k_stored, v_stored = k, v
-    cache.rows.index_copy_(0, meta.slot_rows[layer, 0], k_stored.reshape(t, -1))
-    cache.rows.index_copy_(0, meta.slot_rows[layer, 1], v_stored.reshape(t, -1))
+    rows, k_rows, v_rows = cache.rows, k_stored.reshape(t, -1), v_stored.reshape(t, -1)
+    if stores_bytes(stored):
+        rows, k_rows, v_rows = (x.view(torch.uint8) for x in (rows, k_rows, v_rows))
+    rows.index_copy_(0, meta.slot_rows[layer, 0], k_rows)
+    rows.index_copy_(0, meta.slot_rows[layer, 1], v_rows)
     k_chunk, v_chunk = cache.layer_chunk_offsets(layer)
 
     def gather(

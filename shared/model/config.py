@@ -143,6 +143,16 @@ class ModelConfig:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 4
 
     @property
+    def weights_per_token(self) -> int:
+        """The weights one token multiplies through (projections, MLP or its chosen experts,
+        the head), about half its FLOPs: what sets a prompt's cost per token."""
+        attention = self.hidden_size * self.head_dim * (2 * self.num_heads + 2 * self.num_kv_heads)
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        if self.moe is not None:
+            mlp = 3 * self.hidden_size * self.moe.intermediate_size * self.moe.top_k
+        return self.num_layers * (attention + mlp) + self.vocab_size * self.hidden_size
+
+    @property
     def context_length(self) -> int:
         """The most tokens (prompt and output) one sequence may hold."""
         return self.max_context or self.max_position_embeddings

@@ -9,7 +9,15 @@ import torch
 
 from shared.kv.layout import KVLayout
 
-_TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "fp8_e4m3": torch.float8_e4m3fn,
+}
+# The largest finite float8_e4m3fn. Values are stored unscaled (a scale of 1, as vLLM uses
+# where no scales were calibrated), so K and V beyond it saturate to it.
+FP8_E4M3_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -20,6 +28,21 @@ def torch_dtype(name: str) -> torch.dtype:
         raise ValueError(
             f"unknown dtype {name!r}; expected one of {sorted(_TORCH_DTYPES)}"
         ) from None
+
+
+def to_stored(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as a cache of ``dtype`` holds it: rounded to nearest even, and for fp8 first
+    clamped to its range, so that an outlier saturates instead of becoming NaN (not every
+    torch's conversion saturates; the fused step's does, to the same bytes)."""
+    if dtype == torch.float8_e4m3fn:
+        x = x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)
+    return x.to(dtype)
+
+
+def stores_bytes(dtype: torch.dtype) -> bool:
+    """Whether indexed writes into a cache of ``dtype`` go through a uint8 view of it: torch
+    has no ``index_copy_`` for the float8 types on the CPU, and copying bytes is the same."""
+    return dtype.itemsize == 1
 
 
 class PagedKVCache:

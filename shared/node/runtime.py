@@ -29,7 +29,7 @@ from shared.cluster_messages import (
 )
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
-from shared.engine.probe import probe_speed
+from shared.engine.probe import probe_speed, probe_tokens
 from shared.engine.types import RequestOutput, StepTiming
 from shared.errors import InvalidRequestError
 from shared.heartbeat import heartbeat_loop
@@ -126,7 +126,8 @@ class NodeRuntime:
             loop = asyncio.get_running_loop()
             self._engine = (await loop.run_in_executor(loader, load_engine, s)).engine
             # Its speed measured before any work, so its first heartbeat carries it.
-            await loop.run_in_executor(loader, probe_speed, self._engine, s.startup_probe_tokens)
+            probe = probe_tokens(self._engine, s.startup_probe_tokens)
+            await loop.run_in_executor(loader, probe_speed, self._engine, probe)
         self.engine: LLMEngine = self._engine
         if self._bus is None:
             name = f"crescent-{self.node_id}"

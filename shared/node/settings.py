@@ -46,10 +46,11 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     )
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
-    startup_probe_tokens: int = Field(
-        default=0,
+    startup_probe_tokens: int | None = Field(
+        default=None,
         ge=0,
-        description="a prompt this long timed at start, so placement knows the node's speed",
+        description="a prompt this long timed at start, so placement knows the node's speed; "
+        "unset: 64 for a model of 0.4 B or more weights per token, 0 (none) below",
     )
     step_timeout_s: float = Field(
         default=120.0,

@@ -1,13 +1,14 @@
-"""CRESCENT_KV_DTYPE on the real model: a bfloat16 or float16 cache holds half the bytes, and
-everything that moves or reuses KV (prefix hits, a hand-off's block bytes, batching, the fused
-step) gives the tokens a single engine computes with that cache."""
+"""CRESCENT_KV_DTYPE on the real model: a bfloat16 or float16 cache holds half the bytes, an
+fp8_e4m3 cache a quarter, and everything that moves or reuses KV (prefix hits, a hand-off's
+block bytes, batching, the fused step) gives the tokens a single engine computes with that
+cache."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from shared.config import EngineSettings
+from shared.model.kv_cache import torch_dtype
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 from tests.conftest import RealEngineFactory
@@ -16,19 +17,24 @@ from tests.model.prompts import RAW_PROMPTS, long_document
 
 pytestmark = pytest.mark.slow
 GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
-HALF = ["bfloat16", "float16"]
+# Each narrow KV dtype, and how many times fewer bytes than float32 it stores.
+NARROW = {"bfloat16": 2, "float16": 2, "fp8_e4m3": 4}
 
 
-@pytest.mark.parametrize("kv_dtype", HALF)
-def test_a_half_width_cache_stores_half_the_bytes(
+@pytest.mark.parametrize("kv_dtype", list(NARROW))
+def test_a_narrow_cache_stores_a_fraction_of_the_bytes(
     make_real_engine: RealEngineFactory, kv_dtype: str
 ) -> None:
-    full, half = make_real_engine(), make_real_engine(kv_dtype=kv_dtype)
-    assert half.runner.cache.tensor.dtype == getattr(torch, kv_dtype)
-    assert 2 * half.runner.cache.layout.block_bytes == full.runner.cache.layout.block_bytes
+    full, narrow = make_real_engine(), make_real_engine(kv_dtype=kv_dtype)
+    cache = narrow.runner.cache
+    assert cache.tensor.dtype == torch_dtype(kv_dtype)
+    assert NARROW[kv_dtype] * cache.layout.block_bytes == full.runner.cache.layout.block_bytes
+    # What moves between nodes and tiers is the layout's bytes, whatever the element type.
+    block_bytes = cache.layout.block_bytes
+    assert len(cache.read_block_bytes(0)) == cache.block_buffer(0).nbytes == block_bytes
 
 
-@pytest.mark.parametrize("kv_dtype", HALF)
+@pytest.mark.parametrize("kv_dtype", list(NARROW))
 def test_prefix_hits_batches_and_hand_offs_keep_the_cold_tokens(
     tokenizer: Tokenizer, make_real_engine: RealEngineFactory, kv_dtype: str
 ) -> None:
@@ -41,6 +47,10 @@ def test_prefix_hits_batches_and_hand_offs_keep_the_cold_tokens(
     warm = warm_engine.generate([prompt], GREEDY)[0]
     assert warm.num_cached_tokens > 250
     assert warm.output_token_ids == cold.output_token_ids
+
+    # Prefilled in chunks, each later one attending over the cache's copy of the earlier.
+    chunked = make_real_engine(kv_dtype=kv_dtype, max_num_batched_tokens=100)
+    assert chunked.generate([prompt], GREEDY)[0].output_token_ids == cold.output_token_ids
 
     others = [tokenizer.encode(t) for t in RAW_PROMPTS[:3]]
     batched = make_real_engine(kv_dtype=kv_dtype).generate([*others, prompt], GREEDY)
@@ -57,16 +67,20 @@ def test_prefix_hits_batches_and_hand_offs_keep_the_cold_tokens(
     assert decode_to_end(decode_node, "r") == cold.output_token_ids
 
 
-def test_fused_and_op_by_op_steps_agree_on_a_bfloat16_cache(
-    tokenizer: Tokenizer, make_real_engine: RealEngineFactory
+@pytest.mark.parametrize("kv_dtype", ["bfloat16", "fp8_e4m3"])
+def test_fused_and_op_by_op_steps_agree_on_a_narrow_cache(
+    tokenizer: Tokenizer, make_real_engine: RealEngineFactory, kv_dtype: str
 ) -> None:
     prompts = [tokenizer.encode(t) for t in RAW_PROMPTS[:4]]
-    fused = make_real_engine(kv_dtype="bfloat16").generate(prompts, GREEDY)
-    plain = make_real_engine(kv_dtype="bfloat16", fused_decode=False).generate(prompts, GREEDY)
+    fused = make_real_engine(kv_dtype=kv_dtype).generate(prompts, GREEDY)
+    plain = make_real_engine(kv_dtype=kv_dtype, fused_decode=False).generate(prompts, GREEDY)
     assert [o.output_token_ids for o in fused] == [o.output_token_ids for o in plain]
 
 
 def test_the_setting_names_the_kv_dtype_and_refuses_others() -> None:
     assert EngineSettings(kv_dtype="bfloat16").kv_dtype == "bfloat16"
+    assert EngineSettings(kv_dtype="fp8_e4m3").kv_dtype == "fp8_e4m3"
+    # vLLM's alias: one name, so the block hashes of both spellings agree.
+    assert EngineSettings(kv_dtype="fp8").kv_dtype == "fp8_e4m3"
     with pytest.raises(ValueError, match="kv_dtype"):
         EngineSettings(kv_dtype="int8")  # type: ignore[arg-type]

@@ -33,10 +33,13 @@ def test_a_handlers_log_lines_carry_the_delivered_requests_id(tmp_path: Path) ->
     async def scenario(url: str) -> None:
         sender = await NatsBus.connect(url, "crescent-test-sender")
         receiver = await NatsBus.connect(url, "crescent-test-receiver")
-        done = asyncio.Event()
+        # Each subscription has its own handler task: the chunk is published after the task
+        # has been handled, so the lines come in a known order.
+        took, done = asyncio.Event(), asyncio.Event()
 
         async def on_task(task: PrefillTask) -> None:
             log.info("took a task")
+            took.set()
 
         async def on_chunk(chunk: TokenChunk) -> None:
             log.info("got a chunk")
@@ -48,6 +51,7 @@ def test_a_handlers_log_lines_carry_the_delivered_requests_id(tmp_path: Path) ->
         await sender.publish(
             subjects.prefill_tasks("p0"), PrefillTask(request=request, decode_nodes=["d0"])
         )
+        await asyncio.wait_for(took.wait(), 10)
         chunk = TokenChunk(request_id="chatcmpl-7-0", index=0, token_ids=[3])
         await sender.publish(subjects.tokens("chatcmpl-7-0"), chunk)
         await asyncio.wait_for(done.wait(), 10)

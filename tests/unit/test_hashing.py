@@ -51,6 +51,7 @@ def test_same_inputs_same_hashes() -> None:
         {"model_id": "SmolLM2-360M"},
         {"block_size": 8},
         {"kv_dtype": "float16"},
+        {"kv_dtype": "fp8_e4m3"},
     ],
 )
 def test_any_root_field_changes_root_and_chain(override: dict[str, object]) -> None:

@@ -46,6 +46,18 @@ def test_half_precision_halves_the_bytes(dtype: str) -> None:
     assert half.block_shape == fp32.block_shape
 
 
+def test_fp8_halves_the_bytes_of_half_precision() -> None:
+    half = KVLayout(30, 3, 64, 32, "bfloat16")
+    fp8 = KVLayout(30, 3, 64, 32, "fp8_e4m3")
+    assert fp8.itemsize == 1
+    assert fp8.bytes_per_token == 11_520
+    assert fp8.block_bytes * 2 == half.block_bytes
+    assert fp8.block_shape == half.block_shape
+    # A pool's byte budget holds twice the blocks.
+    budget = 1024 * 2**20
+    assert num_blocks_for_bytes(fp8, budget) == 2 * num_blocks_for_bytes(half, budget)
+
+
 def test_num_blocks_for_bytes_floors() -> None:
     layout = KVLayout(30, 3, 64, 32, "float32")
     assert num_blocks_for_bytes(layout, 0) == 0

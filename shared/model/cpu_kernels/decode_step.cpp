@@ -28,6 +28,42 @@
 
 namespace crescent {
 
+// The cache's element type for a torch dtype; false for one the cache never stores.
+inline bool kv_type_of(at::ScalarType dtype, KvType& out) {
+  switch (dtype) {
+    case at::kFloat: out = KvType::kF32; return true;
+    case at::kBFloat16: out = KvType::kBF16; return true;
+    case at::kHalf: out = KvType::kF16; return true;
+    case at::kFloat8_e4m3fn: out = KvType::kFP8E4M3; return true;
+    default: return false;
+  }
+}
+
+// The fused step's own conversions into and out of a cache of `dtype`, alone, so that tests
+// hold them against torch's bit for bit: `values` fp32 (a multiple of 16 of them) as the
+// cache stores them, and stored values widened back to fp32.
+at::Tensor kv_store_values(const at::Tensor& values, at::ScalarType dtype) {
+  KvType type = KvType::kF32;
+  TORCH_CHECK(kv_type_of(dtype, type), "kv_store: not a KV cache dtype: ", dtype);
+  TORCH_CHECK(values.scalar_type() == at::kFloat && values.is_contiguous() &&
+                  values.numel() % 16 == 0,
+              "kv_store: values must be contiguous float32, a multiple of 16 of them");
+  at::Tensor out = at::empty(values.sizes(), values.options().dtype(dtype));
+  kv_store(type, values.data_ptr<float>(), out.data_ptr(), values.numel());
+  return out;
+}
+
+at::Tensor kv_load_values(const at::Tensor& stored) {
+  KvType type = KvType::kF32;
+  TORCH_CHECK(kv_type_of(stored.scalar_type(), type), "kv_load: not a KV cache dtype: ",
+              stored.scalar_type());
+  TORCH_CHECK(stored.is_contiguous() && stored.numel() % 16 == 0,
+              "kv_load: stored must be contiguous, a multiple of 16 values");
+  at::Tensor out = at::empty(stored.sizes(), stored.options().dtype(at::kFloat));
+  kv_load(type, stored.data_ptr(), out.data_ptr<float>(), stored.numel());
+  return out;
+}
+
 // Owns a model's weights for the fused step (the tensors are shared with the Python model,
 // not copied) and runs its steps, one at a time.
 class DecodeModel : public torch::CustomClassHolder {
@@ -161,14 +197,12 @@ class DecodeModel : public torch::CustomClassHolder {
                     tables.size(0) == rows, "decode step: block_tables must be int32 [rows, n]");
     TORCH_CHECK(lens.scalar_type() == at::kInt && lens.dim() == 1 && lens.is_contiguous() &&
                     lens.size(0) == rows, "decode step: context_lens must be int32 [rows]");
-    const at::ScalarType kv_type = kv.scalar_type();
-    TORCH_CHECK(kv.device().is_cpu() &&
-                    (kv_type == at::kFloat || kv_type == at::kBFloat16 || kv_type == at::kHalf) &&
-                    kv.is_contiguous() && kv.dim() == 6 && kv.size(1) == m_.layers &&
-                    kv.size(2) == 2 && kv.size(3) > 0 && kv.size(4) == m_.kv_heads &&
-                    kv.size(5) == m_.head_dim,
-                "decode step: kv must be the model's contiguous float32, bfloat16 or float16 "
-                "paged cache");
+    KvType type = KvType::kF32;
+    TORCH_CHECK(kv.device().is_cpu() && kv_type_of(kv.scalar_type(), type) && kv.is_contiguous() &&
+                    kv.dim() == 6 && kv.size(1) == m_.layers && kv.size(2) == 2 &&
+                    kv.size(3) > 0 && kv.size(4) == m_.kv_heads && kv.size(5) == m_.head_dim,
+                "decode step: kv must be the model's contiguous float32, bfloat16, float16 or "
+                "float8_e4m3fn paged cache");
     const int64_t* id = ids.data_ptr<int64_t>();
     const int32_t* len = lens.data_ptr<int32_t>();
     const int32_t* table = tables.data_ptr<int32_t>();
@@ -187,9 +221,6 @@ class DecodeModel : public torch::CustomClassHolder {
       }
       max_spans = std::max<int64_t>(max_spans, (len[r] + kSpanTokens - 1) / kSpanTokens);
     }
-    const KvType type = kv_type == at::kFloat      ? KvType::kF32
-                        : kv_type == at::kBFloat16 ? KvType::kBF16
-                                                   : KvType::kF16;
     return {rows, tables.size(1), block_size, id, table, len, kv.data_ptr(), type, max_spans};
   }
 
@@ -208,4 +239,6 @@ TORCH_LIBRARY(crescent, m) {
                        at::Tensor, std::vector<int64_t>, double>())
       .def("step", &crescent::DecodeModel::step)
       .def("stats", &crescent::DecodeModel::stats);
+  m.def("kv_store(Tensor values, ScalarType dtype) -> Tensor", &crescent::kv_store_values);
+  m.def("kv_load(Tensor stored) -> Tensor", &crescent::kv_load_values);
 }

@@ -37,6 +37,7 @@ from bench.faults import Outcome, Stack, Tally, stream, tally
 from shared import subjects
 from shared.bus import NatsBus
 from shared.cluster_messages import NodeStatus
+from shared.tls import TlsSettings
 
 NODES = ("prefill-0", "prefill-1", "decode-0", "decode-1")
 STACK_ARGS = ("--prefill", "2", "--decode", "2", "--schedulers", "2")
@@ -64,15 +65,18 @@ class Beats:
         self.latest: dict[str, tuple[float, NodeStatus]] = {}
         self.bus: NatsBus | None = None
 
-    async def start(self, stack: Stack, auth: dict[str, str] | None = None) -> None:
-        """Listens as the stack's ``tools`` user, or with ``auth`` (a NATS of one's own)."""
+    async def start(
+        self, stack: Stack, auth: dict[str, str] | None = None, tls: TlsSettings | None = None
+    ) -> None:
+        """Listens as the stack's ``tools`` user, or with ``auth`` (a NATS of one's own);
+        ``tls``: the stack's TLS files (default: this process's environment)."""
         where = json.loads((stack.data_dir / "stack.json").read_text())
         if auth is None:
             password = (stack.data_dir / "secrets" / "nats-tools.password").read_text().strip()
             auth = {"user": "tools", "password": password, "inbox_prefix": "_INBOX.tools"}
         # NATS restarts are one of the faults: its reconnection errors are expected here.
         self.bus = await NatsBus.connect(
-            where["nats_url"], "crescent-chaos", error_cb=_quiet, **auth
+            where["nats_url"], "crescent-chaos", tls=tls, error_cb=_quiet, **auth
         )
 
         async def on_beat(status: NodeStatus) -> None:
@@ -329,7 +333,10 @@ FAULTS: dict[str, Callable[[Harness], Awaitable[Tally]]] = {
 
 
 async def open_harness(
-    stack: Stack, nodes: Sequence[str] = NODES, nats_auth: dict[str, str] | None = None
+    stack: Stack,
+    nodes: Sequence[str] = NODES,
+    nats_auth: dict[str, str] | None = None,
+    tls: TlsSettings | None = None,
 ) -> Harness:
     from shared.model.files import resolve_model
     from shared.model.tokenizer import Tokenizer
@@ -339,7 +346,7 @@ async def open_harness(
     client = AsyncOpenAI(base_url=stack.base_url, api_key="unused", max_retries=0, timeout=180)
     model = (await client.models.list()).data[0].id
     beats = Beats()
-    await beats.start(stack, nats_auth)
+    await beats.start(stack, nats_auth, tls)
     await beats.fresh(nodes, 0.0)
 
     def tokens(text: str) -> list[int]:

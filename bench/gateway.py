@@ -153,6 +153,7 @@ def start_gateway(nats_url: str, workdir: Path, stack: contextlib.ExitStack) -> 
         CRESCENT_PORT=str(port),
         CRESCENT_NATS_URL=nats_url,
         CRESCENT_API_KEYS="",
+        CRESCENT_ALLOW_UNAUTHENTICATED="true",
     )
     argv = [sys.executable, "-m", "services.gateway"]
     child = Child.launch("gateway", argv, workdir, env)

@@ -16,9 +16,12 @@ import botocore.session
 from botocore.client import BaseClient
 
 from crescent.s3_server import BUCKET, PREFIX, s3_keys
-from shared.kv import block_file
+from shared.kv import block_file, block_io
 from shared.kv.block_file import BlockHeader
+from shared.kv.seal import BlockSeal
+from shared.kv.tiers import NVME, S3
 from shared.model.tokenizer import Tokenizer
+from shared.secrets import read_secret_file
 
 
 @dataclass
@@ -30,6 +33,11 @@ class TierProbe:
     @property
     def where(self) -> dict[str, str]:
         return dict(json.loads((self.data_dir / "stack.json").read_text()))
+
+    def seal(self, tier: str) -> BlockSeal:
+        """The stack's at-rest keys of ``tier`` (from its cache secret), to read its blocks."""
+        secret = read_secret_file(self.data_dir / "secrets" / "cache.secret")
+        return BlockSeal(secret, tier)
 
     @property
     def nvme_dir(self) -> Path:
@@ -47,11 +55,11 @@ class TierProbe:
         )
 
     def nvme_headers(self) -> dict[bytes, BlockHeader]:
-        found = {}
+        found, seal = {}, self.seal(NVME)
         for path in self.nvme_dir.glob("*/*.blk"):
             block_hash = bytes.fromhex(path.stem)
             try:
-                found[block_hash] = block_file.read_header(path, block_hash)[0]
+                found[block_hash] = block_io.read_header(path, block_hash, seal)[0]
             except (OSError, block_file.BlockFormatError):
                 continue  # being written, moved or deleted right now
         return found
@@ -63,12 +71,12 @@ class TierProbe:
         return keys
 
     def s3_headers(self) -> dict[bytes, BlockHeader]:
-        s3, found = self.s3(), {}
+        s3, found, seal = self.s3(), {}, self.seal(S3)
         for key in self.s3_keys():
             block_hash = bytes.fromhex(key.rsplit("/", 1)[-1])
             try:
                 body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
-                header, _ = block_file.decode_header(body)
+                header, _ = block_file.decode_header(body, seal)
             except Exception:
                 continue
             found[block_hash] = header
@@ -103,13 +111,12 @@ class TierProbe:
         """Whether ``tier``'s copy of the block passes every check of a read."""
         try:
             if tier == "nvme":
-                block_file.read_file(self.nvme_dir / block_file.file_name(block_hash), block_hash)
+                path = self.nvme_dir / block_file.file_name(block_hash)
+                block_io.read_file(path, block_hash, self.seal(NVME))
                 return True
             key = block_file.object_key(PREFIX, block_hash)
             data = self.s3().get_object(Bucket=BUCKET, Key=key)["Body"].read()
-            header, size = block_file.decode_header(data)
-            block_file.verify_identity(header, block_hash)
-            block_file.verify_payload(header, memoryview(data)[size:])
+            block_file.unpack(data, block_hash, self.seal(S3))
             return True
         except (OSError, block_file.BlockFormatError):
             return False

@@ -13,7 +13,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
-from crescent import config_reference, generate, status, up
+from crescent import config_reference, generate, secrets_cli, status, up
 from crescent.bench import options as bench_options
 from crescent.sim import cli as sim_cli
 
@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_arguments(
         sub.add_parser("status", help="the cluster as a running gateway sees it (rich tables)")
     )
+    secrets_cli.add_arguments(
+        sub.add_parser("secrets", help="generate a compose or Kubernetes deployment's secrets")
+    )
     config_reference.add_arguments(
         sub.add_parser("config-reference", help="print the table of every CRESCENT_* variable")
     )
@@ -148,6 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _hash_key(args.tenant)
     if args.command == "status":
         return status.run(args)
+    if args.command == "secrets":
+        return secrets_cli.run(args)
     if args.command == "config-reference":
         return config_reference.run(args)
     if args.command == "serve":

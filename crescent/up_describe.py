@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from crescent import up_tierd
+from shared.tls import TlsSettings
+from shared.tls import summary as tls_summary
 
 
 def api_base(host: str, port: int) -> str:
@@ -50,6 +52,7 @@ def announce(api: str, data_dir: Path, model_name: str) -> None:
     """The lines that say the stack serves, with a request to try."""
     print(f"Crescent is serving the OpenAI API at {api}/v1")
     print(f"  logs: {data_dir / 'logs'}")
+    print(f"  links: {tls_summary(TlsSettings())}")
     hi = [{"role": "user", "content": "Hi!"}]
     body = json.dumps({"model": model_name, "messages": hi, "temperature": 0, "max_tokens": 64})
     print(f"  try:  curl {api}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
+from typing import Any
 
 from crescent.processes import Child
 from crescent.up_stop import StopSignals
@@ -21,7 +22,7 @@ class NotReady(Exception):
 
 def wait_nodes(
     nats_url: str,
-    nats_auth: dict[str, str],
+    nats_auth: dict[str, Any],
     expected: set[str],
     children: list[Child],
     signals: StopSignals,
@@ -51,7 +52,7 @@ def wait_gateway(base_url: str, children: list[Child], signals: StopSignals) -> 
 
 async def _await_heartbeats(
     nats_url: str,
-    nats_auth: dict[str, str],
+    nats_auth: dict[str, Any],
     expected: set[str],
     children: list[Child],
     signals: StopSignals,

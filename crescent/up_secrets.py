@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crescent.nats_config import USERS, NatsAuthFiles
+from crescent.nats_config import TOOLS, NatsAuthFiles
 from crescent.secret_files import new_secret, persistent_secret, private_dir, write_private
+from crescent.up_tierd import node_id as tierd_id
 
+#: The stack's one gateway.
+GATEWAY_ID = "gateway-0"
 #: Roles that call cachemeta, and so get its token.
 CACHEMETA_CALLERS = ("scheduler", "prefill", "decode", "tierd")
 #: Credentials for some other NATS server, which a NATS of our own must not inherit.
@@ -33,11 +36,22 @@ def apply_defaults(env: dict[str, str], directory: Path) -> None:
         env["CRESCENT_CACHE_SECRET"] = persistent_secret(directory / "cache.secret")
 
 
-def nats_roles(env: dict[str, str], auth: NatsAuthFiles) -> dict[str, dict[str, str]]:
-    """Each role's NATS user and password file, for a NATS server of our own."""
+def stack_nodes(env: dict[str, str], schedulers: int, prefill: int, decode: int) -> dict[str, str]:
+    """Every service instance the stack runs, node id -> role: each gets a NATS user of its
+    own, named by that id."""
+    nodes = {GATEWAY_ID: "gateway"}
+    nodes |= {f"scheduler-{i}": "scheduler" for i in range(schedulers)}
+    nodes |= {f"prefill-{i}": "prefill" for i in range(prefill)}
+    nodes |= {f"decode-{i}": "decode" for i in range(decode)}
+    nodes[tierd_id(env)] = "tierd"
+    return nodes
+
+
+def nats_identities(env: dict[str, str], auth: NatsAuthFiles) -> dict[str, dict[str, str]]:
+    """Each instance's NATS user and password file (by node id), for a NATS of our own."""
     for name in _NATS_CREDENTIALS:
         env.pop(name, None)
-    return {user: auth.env(user) for user in USERS}
+    return {user: auth.env(user) for user in auth.password_files if user != TOOLS}
 
 
 def cachemeta_token(env: dict[str, str], directory: Path) -> dict[str, str]:

@@ -18,6 +18,9 @@ from nats.aio.msg import Msg
 from shared import tracing
 from shared.errors import CrescentError
 from shared.messages import WireMessage, decode, encode
+from shared.nats_auth import check_identity
+from shared.nats_events import NAME_PREFIX
+from shared.tls import TlsSettings, from_env, url_host
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=WireMessage)
@@ -103,10 +106,17 @@ class NatsBus:
         self._reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     @classmethod
-    async def connect(cls, url: str, name: str, **auth: Any) -> NatsBus:
+    async def connect(
+        cls, url: str, name: str, *, tls: TlsSettings | None = None, **auth: Any
+    ) -> NatsBus:
         """Connects as ``name`` (the connection name others see in disconnect events);
-        ``auth`` holds the credentials (``shared.nats_auth``), passed to ``nats.connect``."""
+        ``auth`` holds the credentials (``shared.nats_auth``), passed to ``nats.connect``.
+        ``tls`` (default: this process's environment, ``shared.tls``) says whether the
+        connection is encrypted; ``PlaintextRefused`` when it would run in clear beyond
+        loopback."""
+        check_identity(name.removeprefix(NAME_PREFIX), str(auth.get("user", "")))
         bus: NatsBus | None = None
+        auth |= tls_options(url, from_env() if tls is None else tls)
 
         async def reconnected() -> None:
             if bus is not None:
@@ -234,3 +244,16 @@ class NatsBus:
             # NATS is already gone (e.g. stopped first): nothing is left to deliver.
             log.info("bus closed without draining: %r", exc)
             await self.nc.close()
+
+
+def tls_options(url: str, tls: TlsSettings) -> dict[str, Any]:
+    """Keyword arguments of ``nats.connect`` for TLS to ``url``: the client's context, and a
+    handshake before anything else (the servers Crescent configures expect it,
+    ``crescent.nats_tls``); nothing for a connection in clear."""
+    context = tls.client_context("the NATS connection", url_host(url))
+    if context is None:
+        return {}
+    options: dict[str, Any] = {"tls": context, "tls_handshake_first": True}
+    if tls.tls_server_name:
+        options["tls_hostname"] = tls.tls_server_name
+    return options

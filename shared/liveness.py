@@ -1,12 +1,14 @@
 """Who is alive, from heartbeats and from NATS disconnect events. Pure: callers feed it what
-the bus delivers and ask it with their own clock."""
+the bus delivers and ask it with their own clock.
+
+Callers feed only what the server vouches for: a heartbeat whose node id and role match the
+subject it came on (NATS lets each node publish only on its own), and a disconnect by the
+authenticated user (``shared.nats_events.disconnected_node``), never by connection name.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-#: Services connect to NATS as ``crescent-<id>``; a disconnect event names the connection.
-CONNECTION_PREFIX = "crescent-"
 
 
 @dataclass(slots=True)
@@ -52,11 +54,9 @@ class Liveness:
         since = old.epoch_since if old is not None and old.epoch == epoch else now
         self.peers[node_id] = Peer(node_id, role, epoch, now, healthy, draining, None, since)
 
-    def disconnected(self, connection_name: str, now: float) -> str | None:
-        """Records that a connection closed; returns the id of the peer it was, if known."""
-        if not connection_name.startswith(CONNECTION_PREFIX):
-            return None
-        peer = self.peers.get(connection_name[len(CONNECTION_PREFIX) :])
+    def disconnected(self, node_id: str, now: float) -> str | None:
+        """Records that ``node_id``'s connection closed; returns its id if it is a known peer."""
+        peer = self.peers.get(node_id)
         if peer is None:
             return None
         peer.disconnected_at = now

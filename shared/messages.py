@@ -37,6 +37,8 @@ Phases = Annotated[
 Timestamp = Annotated[float, Meta(ge=0.0, le=1e11)]
 HttpStatus = Annotated[int, Meta(ge=400, le=599)]
 Text = Annotated[str, Meta(max_length=4096)]
+#: A per-request key or a tag made with one (``shared.stream_auth``).
+StreamTag = Annotated[bytes, Meta(max_length=64)]
 ShortText = Annotated[str, Meta(max_length=256)]
 MAX_PROMPT_TOKENS = 1 << 20
 #: ``SubmitReply.error_kind`` of a keep refused because the tenant's kept blocks would exceed
@@ -121,6 +123,9 @@ class GenerateRequest(WireMessage, kw_only=True):
     deadline_ts: Timestamp = 0.0
     resume: bool = False
     traceparent: Annotated[str, Meta(max_length=128)] = ""
+    # The key that tags this request's output and aborts (``shared.stream_auth``); only the
+    # services the request is handed to ever see it.
+    stream_key: StreamTag = b""
 
 
 #: A request's timeouts (the gateway's, and ``deadline_ts`` on the nodes) are extended by
@@ -190,14 +195,17 @@ class TokenChunk(WireMessage, kw_only=True):
     phases: Phases = msgspec.field(default_factory=dict)  # what the sender timed of it
     prompt_tokens_written: Count = 0
     output_tokens_written: Count = 0
+    mac: StreamTag = b""  # keyed by the request's stream key (``shared.stream_auth``)
 
 
 class AbortRequest(WireMessage, kw_only=True):
     """Stop ``request_id`` everywhere, or only on ``only_node`` (a node that took a hand-off
-    whose acknowledgement was lost, so the work went elsewhere too)."""
+    whose acknowledgement was lost, so the work went elsewhere too). ``mac``: tagged with the
+    request's stream key, without which the nodes serving it ignore the abort."""
 
     request_id: Id
     only_node: OptionalId = ""
+    mac: StreamTag = b""
 
 
 class ReplayRequest(WireMessage, kw_only=True):

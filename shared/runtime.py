@@ -47,7 +47,9 @@ def run_service(
     name: str, build: Callable[[], Awaitable[Service]], stop_grace_s: float = STOP_GRACE_S
 ) -> None:
     """Builds and starts the service, waits for a stop signal, then stops it gracefully.
-    A stop that overruns ``stop_grace_s`` is cut short (``StopWatchdog``)."""
+    A stop that overruns ``stop_grace_s`` is cut short (``StopWatchdog``). Whatever the
+    service creates (catalogue, block files, logs) is private to its user (umask 077)."""
+    os.umask(0o077)
     setup_logging(name)
     asyncio.run(_serve(name, build, StopWatchdog(name, stop_grace_s)))
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Self
+from urllib.parse import unquote, urlsplit
 
 from pydantic import (
     Field,
@@ -35,8 +37,41 @@ DEV_CACHE_SECRET = "crescent-dev-cache-secret"
 #: Outside development mode a secret shorter than this is refused as guessable.
 MIN_SECRET_CHARS = 16
 REDACTED = "**********"
+#: Values that shipped in Crescent's own files (compose, Kubernetes, docs) or are the first
+#: guesses for a secret: anyone may know them, so none keys a deployment. Compared after
+#: ``_normalized`` (lower case, letters and digits only).
+KNOWN_PLACEHOLDERS = frozenset(
+    {
+        DEV_CACHE_SECRET,
+        "change-me-in-production",
+        "change-me-cachemeta-token",
+        "replace-me-cache-secret",
+        "replace-me-cachemeta-token",
+        "replace-me-postgres-password",
+        "replace-me-s3-secret-key",
+        "trial-s3-secret-key",
+        "trial-grafana-password",
+        *(f"trial-{role}-password" for role in ("gateway", "scheduler", "prefill", "decode")),
+        *(f"replace-me-{role}" for role in ("gateway", "scheduler", "prefill", "decode")),
+        "crescent",
+        "postgres",
+        "password",
+        "passw0rd",
+        "secret",
+        "example",
+        "admin",
+        "changeit",
+        "letmein",
+        "minioadmin",
+    }
+)
+#: A value that contains one of these (normalized) was written as a stand-in, not chosen.
+_PLACEHOLDER_MARKERS = ("changeme", "replaceme", "placeholder", "example", "yoursecret")
+#: Nor does one that starts with one of these: how trial and sample values are usually named.
+_PLACEHOLDER_PREFIXES = ("trial", "dummy", "sample", "insecure", "notasecret")
 _FINGERPRINT_LABEL = b"crescent/cache-secret-fingerprint/v1"
 _BOOL: TypeAdapter[bool] = TypeAdapter(bool)
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
 
 
 def dev_mode(environ: Mapping[str, str] | None = None) -> bool:
@@ -99,10 +134,63 @@ def refused(reason: str) -> ValidationError:
     )
 
 
+def _normalized(value: str) -> str:
+    return _NOT_ALNUM.sub("", value.lower())
+
+
+_KNOWN_NORMALIZED = frozenset(_normalized(known) for known in KNOWN_PLACEHOLDERS)
+
+
+def is_placeholder(value: str) -> bool:
+    """Whether ``value`` is a public stand-in rather than a secret: one that shipped in
+    Crescent's files or docs, a common default (``password``, ``crescent`` ...), or one
+    written as such (``change-me...``, ``replace-me...``, ``trial-...``, ``...example...``)."""
+    plain = _normalized(value)
+    if not plain:
+        return False
+    if plain in _KNOWN_NORMALIZED:
+        return True
+    return any(m in plain for m in _PLACEHOLDER_MARKERS) or plain.startswith(_PLACEHOLDER_PREFIXES)
+
+
+def placeholder_reason(name: str) -> str:
+    """The error for a placeholder given as ``name``: it says what to do, never the value."""
+    return (
+        f"{name} is a known placeholder or default value, public to anyone who read "
+        "Crescent's files; generate a secret (`crescent secrets`) and set that instead "
+        f"(or {DEV_MODE_ENV}=true for development)"
+    )
+
+
+def check_password(value: str, name: str, *, dev: bool) -> str:
+    """``value`` unless it is a known placeholder outside development mode; unlike
+    ``check_secret`` no length is required (for credentials of servers Crescent does not
+    run, whose rules are their own)."""
+    if not dev and is_placeholder(value):
+        raise refused(placeholder_reason(name))
+    return value
+
+
+def check_db_url(url: str, *, dev: bool, name: str = "CRESCENT_DB_URL") -> str:
+    """``url`` unless, outside development mode, it is a server URL (Postgres, MySQL ...)
+    whose password is a known placeholder or default (``crescent:crescent@`` shipped as the
+    trial one). A URL without a password (SQLite, or credentials from elsewhere) passes."""
+    if dev:
+        return url
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        # Malformed: left to the database driver, whose error shows no password either.
+        return url
+    if password is not None and is_placeholder(unquote(password)):
+        raise refused(placeholder_reason(f"the password in {name}"))
+    return url
+
+
 def check_secret(value: str, name: str, *, dev: bool, dev_value: str | None = None) -> str:
     """``value`` if it may key a deployment: outside development mode it is not the public
-    development value and has at least ``MIN_SECRET_CHARS`` characters. The error names
-    ``name`` and the rule, never the value."""
+    development value, nor a known placeholder (``is_placeholder``), and has at least
+    ``MIN_SECRET_CHARS`` characters. The error names ``name`` and the rule, never the value."""
     if dev:
         if not value:
             raise refused(f"{name} must not be empty")
@@ -112,6 +200,8 @@ def check_secret(value: str, name: str, *, dev: bool, dev_value: str | None = No
             f"{name} is the public development value; set your own secret "
             f"(or {DEV_MODE_ENV}=true for development)"
         )
+    if is_placeholder(value):
+        raise refused(placeholder_reason(name))
     if len(value) < MIN_SECRET_CHARS:
         raise refused(
             f"{name} is too short: at least {MIN_SECRET_CHARS} characters outside development "

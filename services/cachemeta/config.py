@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model.files import default_cache_dir
-from shared.secrets import CacheMetaTokenSettings, refused
+from shared.secrets import CacheMetaTokenSettings, check_db_url, refused
 
 
 def default_db_url() -> str:
@@ -53,6 +53,7 @@ class CacheMetaSettings(CacheMetaTokenSettings, BaseSettings):
                 "cachemeta needs CRESCENT_CACHEMETA_TOKEN or CRESCENT_CACHEMETA_TOKEN_FILE "
                 "(or CRESCENT_DEV_MODE=true to serve anyone)"
             )
+        check_db_url(self.db_url, dev=self.dev_mode)
         return self
 
     @property

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from array import array
-from collections.abc import Sequence
+import contextlib
+import os
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -12,14 +12,17 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 _I64 = 1 << 63
-_U32_IS_NATIVE_LE = array("I").itemsize == 4 and sys.byteorder == "little"
+#: The catalogue names every cached block: only cachemeta's user may read its file.
+FILE_MODE = 0o600
 
 
 def create_engine(db_url: str, *, echo: bool = False) -> AsyncEngine:
     """One engine for the process; dead pooled connections are replaced on checkout."""
     url = make_url(db_url)
+    if url.get_backend_name() == "sqlite":
+        make_private(url.database)
     # hide_parameters: a failed statement's error (logged, and sent to the caller) must not
-    # carry its parameters, which hold the token ids of prompts.
+    # carry its parameters, which name tenants' blocks.
     kwargs: dict[str, Any] = {"pool_pre_ping": True, "echo": echo, "hide_parameters": True}
     if url.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 30}
@@ -33,22 +36,24 @@ def create_engine(db_url: str, *, echo: bool = False) -> AsyncEngine:
     return engine
 
 
+def make_private(database: str | None) -> None:
+    """Creates the SQLite file ``database`` readable by its owner alone, or narrows an existing
+    one (and its -wal and -shm, which SQLite creates with the main file's mode) to that."""
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return
+    path = Path(database)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE))
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        with contextlib.suppress(FileNotFoundError):
+            file.chmod(FILE_MODE)
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
-    for pragma in ("journal_mode=WAL", "synchronous=NORMAL"):
+    # secure_delete: a deleted row's bytes are zeroed in the file, not left in free pages.
+    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "secure_delete=ON"):
         cursor.execute(f"PRAGMA {pragma}")
     cursor.close()
-
-
-def pack_token_ids(token_ids: Sequence[int]) -> bytes:
-    """Little-endian uint32s."""
-    if _U32_IS_NATIVE_LE:
-        return array("I", token_ids).tobytes()
-    return b"".join(int(t).to_bytes(4, "little") for t in token_ids)  # pragma: no cover
-
-
-def unpack_token_ids(data: bytes) -> list[int]:
-    return [int.from_bytes(data[i : i + 4], "little") for i in range(0, len(data), 4)]
 
 
 def to_signed64(value: int) -> int:

@@ -26,7 +26,9 @@ from services.cachemeta.servicer import CacheMetaServicer, TokenCheck
 from shared.ops_http import OpsServer
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
 from shared.rpc.client import MAX_MESSAGE_BYTES
+from shared.rpc.credentials import add_port
 from shared.runtime import run_service
+from shared.tls import TlsSettings
 
 log = logging.getLogger("cachemeta")
 SERVER_OPTIONS = [
@@ -86,7 +88,7 @@ class CacheMetaService:
         checks = [] if token is None else [TokenCheck(token, self.servicer.calls)]
         self.server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=checks)
         pb_grpc.add_CacheMetaServicer_to_server(self.servicer, self.server)
-        self.port = self.server.add_insecure_port(f"{s.cachemeta_host}:{s.cachemeta_port}")
+        self.port = add_port(self.server, s.cachemeta_host, s.cachemeta_port, TlsSettings())
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {s.cachemeta_host}:{s.cachemeta_port}")
         await self.server.start()

@@ -1,8 +1,10 @@
 """The catalogue's tables (SQLAlchemy 2 declarative). The schema itself is created by the alembic
 migrations beside this file; these classes must describe the same thing.
 
-A block's ``token_ids`` are packed little-endian uint32; its ``checksum`` (an unsigned xxh3-64)
-is stored as the signed 64-bit integer with the same bits, since SQL has no unsigned type.
+A block is known by its hash alone: its token ids, which nodes still send, are not stored (the
+catalogue never needs them, and they are users' prompts and completions). Its ``checksum`` (an
+unsigned xxh3-64) is stored as the signed 64-bit integer with the same bits, since SQL has no
+unsigned type.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ class Block(Base):
 
     hash: Mapped[bytes] = mapped_column(LargeBinary(16), primary_key=True)
     parent_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
-    token_ids: Mapped[bytes] = mapped_column(LargeBinary)
     num_bytes: Mapped[int] = mapped_column(BigInteger)
     checksum: Mapped[int] = mapped_column(BigInteger)
     created_at: Mapped[float] = mapped_column(Float)

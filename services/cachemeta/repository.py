@@ -20,7 +20,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from services.cachemeta.database import from_signed64, pack_token_ids, to_signed64, unpack_token_ids
+from services.cachemeta.database import from_signed64, to_signed64
 from services.cachemeta.models import Block, Keep, Node, Replica
 from shared.errors import CrescentError
 from shared.rpc.types import BlockRecord, CatalogueStats, TierCapacity
@@ -165,7 +165,6 @@ class Repository:
             {
                 "hash": r.block_hash,
                 "parent_hash": r.parent_hash,
-                "token_ids": pack_token_ids(r.token_ids),
                 "num_bytes": r.num_bytes,
                 "checksum": to_signed64(r.checksum),
                 "created_at": now,
@@ -249,7 +248,6 @@ class Repository:
         if row is None:
             return None
         values = dict(row._mapping)
-        values["token_ids"] = unpack_token_ids(values["token_ids"])
         values["checksum"] = from_signed64(values["checksum"])
         return values
 

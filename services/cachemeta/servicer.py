@@ -323,7 +323,8 @@ def _block(i: int, block: pb.Block) -> BlockRecord:
         )
     if block.num_bytes > MAX_I64:
         raise InvalidArgument(f"blocks[{i}].num_bytes {block.num_bytes} is too large")
-    return BlockRecord(block_hash, parent_hash, block.token_ids, block.num_bytes, block.checksum)
+    # Token ids are accepted from older clients but dropped here: nothing keeps or needs them.
+    return BlockRecord(block_hash, parent_hash, (), block.num_bytes, block.checksum)
 
 
 def _tiers(values: Sequence[pb.TierCapacity]) -> list[TierCapacity]:

@@ -62,7 +62,9 @@ class DecodeRole:
         params = node.screen(req, len(self.waiting), "decode queue")
         if isinstance(params, TaskAck):
             return params
-        holding = node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
+        holding = node.ledger.open(
+            rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset, req.stream_key
+        )
         # The first token is this node's output too, so a replay can start from it.
         node.ledger.record(
             rid, [handoff.first_token], [handoff.first_logprob] if handoff.first_logprob else None

@@ -49,7 +49,9 @@ class LocalPrefills:
         params = node.screen(req, len(self.pending), "decode node's prefill queue")
         if isinstance(params, TaskAck):
             return params
-        node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
+        node.ledger.open(
+            rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset, req.stream_key
+        )
         self.pending[rid] = _Arrival(task, time.monotonic(), FetchedPrefix())
         self._work.spawn(self._start(task, params))
         return node.ack(True)

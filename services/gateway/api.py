@@ -16,6 +16,7 @@ from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
 
 from services.gateway import errors, openapi
@@ -36,8 +37,10 @@ from services.gateway.completions import Completions
 from services.gateway.docs_pages import OfflineDocs
 from services.gateway.errors import ApiError
 from services.gateway.http_io import (
+    CLIENT_CLOSED,
     DEBUG_REQUESTS,
     CountRequests,
+    off_loop_above,
     parse_body,
     read_json,
     unless_disconnected,
@@ -59,6 +62,7 @@ from services.gateway.schemas import (
 )
 from services.gateway.schemas_responses import ResponsesRequest
 from services.gateway.service import Run
+from services.gateway.structured import asks_for_grammar
 from services.gateway.tokenize import detokenize, tokenize
 from shared import phases
 
@@ -89,8 +93,6 @@ BODIES: dict[str, tuple[type[BaseModel], ...]] = {
     "/tokenize": (TokenizeCompletionRequest, TokenizeChatRequest),
     "/detokenize": (DetokenizeRequest,),
 }
-#: Bodies up to this size are rendered and tokenized on the event loop (``_prepare``).
-INLINE_BODY_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,11 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             return _error_response(errors.route_not_found(request.method, request.url.path))
         return _error_response(ApiError(exc.status_code, str(exc.detail)))
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(_: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The client left (or was cut off for a late body): no one reads this answer.
+        return _error_response(ApiError(CLIENT_CLOSED, "The client closed the connection."))
 
     @app.exception_handler(Exception)
     async def crash(_: Request, exc: Exception) -> JSONResponse:
@@ -294,11 +301,11 @@ def _model_card(gw: Gateway) -> dict[str, Any]:
 async def _prepare(
     build: Callable[[B, str], PreparedRequest], body: B, tenant: str, size: int
 ) -> PreparedRequest:
-    """Renders and tokenizes on the loop for small bodies (a thread hop costs more than their
-    tokenizing when the host is busy), in a worker thread for large ones."""
-    if size <= INLINE_BODY_BYTES:
-        return build(body, tenant)
-    return await run_in_threadpool(build, body, tenant)
+    """Renders and tokenizes in a worker thread for a large body, and for one asking for a
+    structured output, whose check waits on the grammar's compile; on the loop otherwise."""
+    if asks_for_grammar(body):
+        return await run_in_threadpool(build, body, tenant)
+    return await off_loop_above(size, build, body, tenant)
 
 
 async def _generate(
@@ -328,6 +335,7 @@ async def _generate(
 
 def _finish(run: Run, gw: Gateway) -> None:
     run.close()
+    gw.completions.finished(run)
     view = run.debug_view()
     gw.recent.add(run.request.id, run.request.choices[0].request.tenant, view)
     gw.metrics.observe_run(run, view["phases_s"])

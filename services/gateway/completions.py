@@ -12,14 +12,16 @@ from services.gateway.dispatch import Dispatcher
 from services.gateway.flight import Flight
 from services.gateway.requests import PreparedRequest
 from services.gateway.service import Limits, Run
+from services.gateway.tenant_limits import TenantCaps, TenantLimits
 from shared.model.tokenizer import Tokenizer
 
 
 class Completions:
     """Starts runs: the core behind both generation endpoints.
 
-    Owns the dispatcher, the tokenizer used for output, the limits, and the cap on sequences
-    in flight (over it, a request is refused at once with 429).
+    Owns the dispatcher, the tokenizer used for output, the limits, the cap on sequences
+    in flight (over it, a request is refused at once with 429) and each tenant's share
+    (``tenants``): a run holds its share from ``start`` until ``finished``.
     """
 
     def __init__(
@@ -28,18 +30,35 @@ class Completions:
         tokenizer: Tokenizer,
         limits: Limits,
         max_in_flight: int = 1024,
+        tenant_caps: TenantCaps | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.tokenizer = tokenizer
         self.limits = limits
         self.max_in_flight = max_in_flight
+        self.tenants = TenantLimits(tenant_caps or TenantCaps(sequences=max_in_flight))
 
     async def start(self, request: PreparedRequest) -> Run:
         """Submits the request and waits until it is accepted; the caller must ``close`` the
         returned run. On failure everything already sent is aborted before the error rises."""
-        dispatcher = self.dispatcher
-        if len(dispatcher.in_flight) + len(request.choices) > self.max_in_flight:
+        if len(self.dispatcher.in_flight) + len(request.choices) > self.max_in_flight:
             raise errors.rate_limited("The gateway has too many requests in flight.", 1.0)
+        choices = request.choices
+        reserved = sum(len(c.request.prompt_token_ids) + c.request.sampling.max_tokens
+                       for c in choices)  # fmt: skip
+        self.tenants.admit(request.id, choices[0].request.tenant, len(choices), reserved)
+        try:
+            return await self._start(request)
+        except BaseException:
+            self.tenants.release(request.id)
+            raise
+
+    def finished(self, run: Run) -> None:
+        """Gives the run's tenant share back; called once its response has ended."""
+        self.tenants.release(run.request.id)
+
+    async def _start(self, request: PreparedRequest) -> Run:
+        dispatcher = self.dispatcher
         if not dispatcher.connected:
             raise errors.unavailable("The gateway is not connected to the message bus.")
         retry_after = dispatcher.overloaded()

@@ -9,6 +9,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.gateway.auth import parse_api_keys, parse_key_file
+from services.gateway.guard_settings import GuardSettings
 from services.gateway.tool_syntax import ParserSetting
 from shared.model.files import default_cache_dir
 from shared.model.generation_config import usable
@@ -16,8 +17,9 @@ from shared.nats_auth import NatsAuthSettings
 from shared.secrets import refused
 
 
-class GatewaySettings(NatsAuthSettings):
-    """Every option of the gateway process; each field is the variable ``CRESCENT_<NAME>``."""
+class GatewaySettings(GuardSettings, NatsAuthSettings):
+    """Every option of the gateway process; each field is the variable ``CRESCENT_<NAME>``.
+    Invariant: API keys are configured, or serving without them was asked for explicitly."""
 
     model_config = SettingsConfigDict(
         env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
@@ -33,7 +35,8 @@ class GatewaySettings(NatsAuthSettings):
     # once the settings are validated.
     api_keys: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=dict,
-        description="key:tenant pairs, comma separated; empty: open, tenant 'default'",
+        description="key:tenant pairs, comma separated; without keys the gateway starts only "
+        "with CRESCENT_ALLOW_UNAUTHENTICATED or CRESCENT_DEV_MODE (every request: 'default')",
     )
     api_keys_file: Path | None = Field(
         default=None, description="lines 'sha256:<hex digest> <tenant>' (crescent hash-key)"
@@ -142,7 +145,18 @@ class GatewaySettings(NatsAuthSettings):
                 raise refused("an API key is in both CRESCENT_API_KEYS and CRESCENT_API_KEYS_FILE")
             tenants |= listed
         self._tenants = tenants
+        if not tenants and not self.runs_open_on_purpose:
+            raise refused(
+                "no API keys: set CRESCENT_API_KEYS or CRESCENT_API_KEYS_FILE, or "
+                "CRESCENT_ALLOW_UNAUTHENTICATED=true to serve anyone as tenant 'default' "
+                "(CRESCENT_DEV_MODE=true does too, for development)"
+            )
         return self
+
+    @property
+    def runs_open_on_purpose(self) -> bool:
+        """Serving without keys was asked for (it is refused otherwise)."""
+        return self.allow_unauthenticated or self.dev_mode
 
     @property
     def tenants_by_digest(self) -> dict[bytes, str]:

@@ -30,7 +30,8 @@ from shared.messages import (
     SubmitReply,
     TokenChunk,
 )
-from shared.nats_events import disconnected_name
+from shared.nats_events import disconnected_node
+from shared.stream_auth import chunk_is_authentic, seal_abort
 
 log = logging.getLogger(__name__)
 REPLAY_TIMEOUT_S = 1.5
@@ -48,6 +49,19 @@ class SubmitPolicy:
 
     no_scheduler_s: float = 1.0
     reply_timeout_s: float = 3.0
+
+
+@dataclass(slots=True)
+class _TokenSubscription:
+    """A request's token subscription; ending it forgets the request's stream key."""
+
+    inner: Subscription
+    request_id: str
+    keys: dict[str, bytes]
+
+    async def unsubscribe(self) -> None:
+        self.keys.pop(self.request_id, None)
+        await self.inner.unsubscribe()
 
 
 class Listener(Protocol):
@@ -84,6 +98,8 @@ class Dispatcher:
         self._pruned_at = clock()
         self._cleanups = Background()
         self._subscriptions: list[Subscription] = []
+        self._stream_keys: dict[str, bytes] = {}  # attempt id -> its stream key
+        self.forged_chunks = 0  # chunks dropped because their tag did not verify
 
     async def start(self) -> None:
         bus = self.bus
@@ -149,9 +165,9 @@ class Dispatcher:
             del self._floors[node_id]
 
     async def _on_disconnect(self, data: bytes) -> None:
-        name = disconnected_name(data)
-        if name is not None and self.liveness.disconnected(name, self.clock()) is not None:
-            log.info("NATS reports that %s's connection closed", name)
+        node_id = disconnected_node(data)
+        if node_id is not None and self.liveness.disconnected(node_id, self.clock()) is not None:
+            log.info("NATS reports that %s's connection closed", node_id)
 
     async def _on_check(self, check: GatewayCheck) -> GatewayCheckReply:
         return GatewayCheckReply(unknown=[i for i in check.request_ids if i not in self.in_flight])
@@ -164,9 +180,26 @@ class Dispatcher:
             listener.bus_reconnected()
 
     async def subscribe_tokens(
-        self, request_id: str, handler: Callable[[TokenChunk], Awaitable[None]]
+        self,
+        request_id: str,
+        handler: Callable[[TokenChunk], Awaitable[None]],
+        stream_key: bytes = b"",
     ) -> Subscription:
-        return await self.bus.subscribe(subjects.tokens(request_id), TokenChunk, handler)
+        """Delivers ``request_id``'s chunks to ``handler``, only those tagged with its
+        ``stream_key`` (``shared.stream_auth``); the key also signs the attempt's aborts
+        until the subscription ends."""
+
+        async def authentic(chunk: TokenChunk) -> None:
+            if chunk_is_authentic(chunk, request_id, stream_key):
+                await handler(chunk)
+                return
+            self.forged_chunks += 1
+            log.warning("dropped a chunk of %s not signed with its stream key", request_id)
+
+        self._stream_keys[request_id] = stream_key
+        subject = subjects.tokens(request_id)
+        inner = await self.bus.subscribe(subject, TokenChunk, authentic)
+        return _TokenSubscription(inner, request_id, self._stream_keys)
 
     async def submit(self, request: GenerateRequest) -> SubmitReply:
         """Hands the request to a scheduler and returns its answer. ``ApiError`` 503 when no
@@ -213,7 +246,8 @@ class Dispatcher:
         for request_id in request_ids:
             try:
                 abort = AbortRequest(request_id=request_id, only_node=only_node)
-                await self.bus.publish(subjects.ABORTS, abort)
+                key = self._stream_keys.get(request_id, b"")
+                await self.bus.publish(subjects.ABORTS, seal_abort(abort, key))
             except Exception as exc:
                 log.warning("could not publish the abort of %s: %s", request_id, exc)
         for subscription in subscriptions:

@@ -142,7 +142,9 @@ class Flight:
         stream.request_id = request_id
         stream.refused = False
         handler = functools.partial(self._on_chunk, stream.index, request_id)
-        stream.subscription = await self.dispatcher.subscribe_tokens(request_id, handler)
+        stream.subscription = await self.dispatcher.subscribe_tokens(
+            request_id, handler, stream.base.stream_key
+        )
         self.dispatcher.in_flight[request_id] = self
 
     def _next_attempt(self, stream: ChoiceStream, request: GenerateRequest) -> GenerateRequest:

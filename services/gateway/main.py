@@ -9,6 +9,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import uvicorn
 import uvloop
@@ -20,6 +21,8 @@ from services.gateway.auth import ApiKeys
 from services.gateway.completions import Completions
 from services.gateway.config import GatewaySettings
 from services.gateway.dispatch import Dispatcher, SubmitPolicy
+from services.gateway.encode_pool import PooledTokenizer
+from services.gateway.http_server import server_config
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.recovery import RecoveryPolicy
 from services.gateway.requests import RequestBuilder
@@ -34,7 +37,7 @@ from shared.heartbeat import heartbeat_loop
 from shared.liveness import Liveness
 from shared.model.files import resolve_model
 from shared.model.generation_config import sampling_defaults
-from shared.model.tokenizer import Tokenizer
+from shared.nats_auth import own_id
 from shared.runtime import STOP_CLOSE_S, StopWatchdog, settle_heap, setup_logging
 
 log = logging.getLogger("services.gateway")
@@ -46,18 +49,20 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.gateway_id = subjects.check_token(
-            settings.gateway_id or f"gateway-{uuid.uuid4().hex[:8]}", "gateway id"
+            own_id(settings.gateway_id, settings.nats_user) or f"gateway-{uuid.uuid4().hex[:8]}",
+            "gateway id",
         )
         self.epoch = uuid.uuid4().hex[:16]
         self.bus: Bus | None = None
         self.dispatcher: Dispatcher | None = None
         self.gateway: Gateway | None = None
         self._beat: asyncio.Task[None] | None = None
+        self.tokenizer: PooledTokenizer | None = None
 
     async def start(self) -> FastAPI:
         s = self.settings
         files = resolve_model(s.model, s.cache_dir)
-        tokenizer = Tokenizer.from_dir(files.path)
+        self.tokenizer = tokenizer = PooledTokenizer.load(files.path)
         defaults = sampling_defaults(files.path, s.generation_config, s.override_generation_config)
         self.bus = bus = await connect_bus(
             s.nats_url, f"crescent-{self.gateway_id}", s.nats_connect_timeout_s,
@@ -74,11 +79,15 @@ class GatewayService:
             s.max_n,
             s.tool_call_parser,
             defaults,
+            s.grammar_check_timeout_s,
         )
         builder.grammars  # noqa: B018 - built now, not on the first structured request
+        builder.guard  # noqa: B018
         recovery = RecoveryPolicy(stall_timeout_s=s.stall_timeout_s, max_resumes=s.max_resumes)
         limits = Limits(s.first_token_timeout_s, s.request_timeout_s, recovery)
-        completions = Completions(self.dispatcher, tokenizer, limits, s.max_in_flight)
+        completions = Completions(
+            self.dispatcher, tokenizer, limits, s.max_in_flight, s.tenant_caps
+        )
         self.gateway = gateway = Gateway(
             builder=builder,
             completions=completions,
@@ -92,6 +101,12 @@ class GatewayService:
         )
         log.info("serving %s (context %d tokens)", builder.model_name, builder.max_model_len)
         log.info("sampling defaults: %s", defaults.describe())
+        if gateway.keys.open:
+            why = "CRESCENT_DEV_MODE" if s.dev_mode else "CRESCENT_ALLOW_UNAUTHENTICATED"
+            log.warning(
+                "no API keys: every client on %s:%d is served as tenant 'default' (%s=true)",
+                s.host, s.port, why,
+            )  # fmt: skip
         app = build_app(gateway)
         # The status page: every service's heartbeat, and what this gateway served.
         feed = StatusFeed(StatusBoard(s.heartbeat_timeout_s), gateway.metrics, self._describe)
@@ -119,6 +134,10 @@ class GatewayService:
             await self.dispatcher.drain()
         if self.bus is not None:
             await self.bus.close()
+        if self.gateway is not None and self.gateway.builder.guard is not None:
+            self.gateway.builder.guard.close()
+        if self.tokenizer is not None:
+            self.tokenizer.close()
 
 
 def _add_status_routes(app: FastAPI, feed: StatusFeed) -> None:
@@ -133,7 +152,7 @@ def _add_status_routes(app: FastAPI, feed: StatusFeed) -> None:
         return HTMLResponse(feed.page)
 
 
-async def connect_bus(url: str, name: str, timeout_s: float, auth: dict[str, str]) -> Bus:
+async def connect_bus(url: str, name: str, timeout_s: float, auth: dict[str, Any]) -> Bus:
     try:
         # The client retries forever on its own; the deadline turns that into a clear failure.
         return await asyncio.wait_for(NatsBus.connect(url, name, **auth), timeout_s)
@@ -154,15 +173,13 @@ async def serve(settings: GatewaySettings) -> None:
     """Serves until SIGTERM/SIGINT; in-flight requests get ``drain_timeout_s`` to finish."""
     service = GatewayService(settings)
     app = await service.start()
-    config = uvicorn.Config(
+    config = server_config(
         app,
-        host=settings.host,
-        port=settings.port,
-        lifespan="off",
-        log_config=None,
+        settings.host,
+        settings.port,
+        settings.connection_limits,
         # A log line per request costs the loop time every other request waits for.
         access_log=False,
-        http="httptools",
         timeout_graceful_shutdown=int(settings.drain_timeout_s),
     )
     server = _Server(config)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from services.gateway import errors, tool_syntax, tools
+from services.gateway.grammar_guard import GrammarGuard
 from services.gateway.sampling import NO_DEFAULTS, sampling_spec
 from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Tool
 from services.gateway.structured import requested_grammar
@@ -26,6 +27,7 @@ from shared.model.generation_config import SamplingDefaults
 from shared.model.grammar import Grammars
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import MAX_TOP_LOGPROBS
+from shared.stream_auth import new_stream_key
 
 PromptInput = str | list[str] | list[int] | list[list[int]]
 #: OpenAI's (and vLLM's) default for the legacy completions endpoint.
@@ -104,12 +106,14 @@ class RequestBuilder:
         max_n: int,
         tool_parser: str = "auto",
         defaults: SamplingDefaults = NO_DEFAULTS,
+        grammar_timeout_s: float | None = None,
     ):
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.max_n = max_n
         self.defaults = defaults
+        self.grammar_timeout_s = grammar_timeout_s
         self.tool_syntax = tool_syntax.resolve(tool_parser, tokenizer.chat_template)
         self.tool_markers = tools.special_markers(self.tool_syntax, tokenizer)
 
@@ -119,6 +123,12 @@ class RequestBuilder:
         eos = [] if self.tokenizer.eos_token_id is None else [self.tokenizer.eos_token_id]
         return Grammars(self.tokenizer.backend_json(), self.tokenizer.vocab_size, eos)
 
+    @cached_property
+    def guard(self) -> GrammarGuard | None:
+        """Bounds a requested grammar's compile time (``grammar_timeout_s``; None: unbounded)."""
+        timeout_s = self.grammar_timeout_s
+        return None if timeout_s is None else GrammarGuard(self.grammars, timeout_s)
+
     def chat(self, body: ChatCompletionRequest, tenant: str) -> PreparedRequest:
         self.check_model(body.model)
         reject_unsupported(body, CHAT_UNSUPPORTED)
@@ -127,6 +137,9 @@ class RequestBuilder:
         choice, syntax = body.tool_choice, self.tool_syntax
         plan = tools.plan(body.tools, choice, body.parallel_tool_calls, syntax, self.tool_markers)
         grammar = self._grammar(body)
+        if plan.grammar and self.guard is not None:
+            self.guard.check(plan.grammar, "tools")
+            self.guard.check_schemas([t.function.parameters for t in body.tools or ()], "tools")
         if plan.grammar and grammar:
             raise errors.invalid(
                 "A required tool call cannot be combined with a structured output",
@@ -149,7 +162,7 @@ class RequestBuilder:
         )
 
     def _grammar(self, body: ChatCompletionRequest | CompletionRequest) -> str:
-        asked = requested_grammar(body, self.grammars)
+        asked = requested_grammar(body, self.grammars, self.guard)
         return "" if asked is None else asked[0]
 
     def completion(self, body: CompletionRequest, tenant: str) -> PreparedRequest:
@@ -280,6 +293,7 @@ class RequestBuilder:
                     sampling=sampling,
                     cache_salt=common.cache_salt,
                     arrival_ts=now,
+                    stream_key=new_stream_key(),
                 )
                 choices.append(Choice(p * common.n + j, p, request))
         options = OutputOptions(

@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 from services.gateway import errors
+from services.gateway.grammar_guard import GrammarGuard
 from services.gateway.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -29,11 +30,30 @@ from shared.model.grammar import (
 MAX_CHOICES = 1024
 
 
+def asks_for_grammar(body: object) -> bool:
+    """Whether a body asks for a structured output (whose check may wait on a compile)."""
+    if not isinstance(body, ChatCompletionRequest | CompletionRequest):
+        return False
+    if body.structured_outputs is not None:
+        return True
+    # A required or named tool call is a grammar too, built from the tools' own schemas.
+    if isinstance(body, ChatCompletionRequest) and body.tools and _forces_a_call(body):
+        return True
+    return any(value is not None for _, value in _constraints(body))
+
+
+def _forces_a_call(body: ChatCompletionRequest) -> bool:
+    return body.tool_choice not in (None, "none", "auto")
+
+
 def requested_grammar(
-    body: ChatCompletionRequest | CompletionRequest, grammars: Grammars
+    body: ChatCompletionRequest | CompletionRequest,
+    grammars: Grammars,
+    guard: GrammarGuard | None = None,
 ) -> tuple[str, str] | None:
     """The grammar the request's text must follow and the field that asked for it, or None.
-    Raises a 400 when two fields ask, or when the grammar cannot be enforced."""
+    Raises a 400 when two fields ask, or when the grammar cannot be enforced, or (with a
+    ``guard``) costs too much to compile; the guard blocks, so call it off the event loop."""
     asked = [(param, value) for param, value in _constraints(body) if value is not None]
     if not asked:
         return None
@@ -46,7 +66,20 @@ def requested_grammar(
         grammars.check(grammar, param)
     except InvalidRequestError as exc:
         raise errors.invalid(f"{param} cannot be enforced: {exc}", param) from exc
+    if guard is not None:
+        guard.check(grammar, param)
+        guard.check_schemas([_schema_of(value)], param)
     return grammar, param
+
+
+def _schema_of(value: Any) -> Any:
+    """The JSON schema a structured output gave, where it gave one as text."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
 
 
 def _constraints(body: ChatCompletionRequest | CompletionRequest) -> list[tuple[str, Any]]:

@@ -23,6 +23,7 @@ from shared.node.ledger import Lease, Stage
 from shared.node.prefix import FetchedPrefix, PrefixFetcher
 from shared.node.runtime import NodeRuntime
 from shared.sampling_params import SamplingParams
+from shared.stream_auth import seal_abort
 
 log = logging.getLogger(__name__)
 #: While draining, tasks still prefilling after this long are handed back to their gateway.
@@ -54,7 +55,9 @@ class PrefillRole:
         params = node.screen(req, len(self.tasks), "prefill queue")
         if isinstance(params, TaskAck):
             return params
-        node.ledger.open(rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset)
+        node.ledger.open(
+            rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset, req.stream_key
+        )
         self.tasks[rid] = task
         self.arrived[rid] = time.monotonic()
         self._work.spawn(self._start(task, params))
@@ -172,9 +175,8 @@ class PrefillRole:
             except BusRequestError as exc:
                 # It may have taken the hand-off and lost only its answer: make sure it stops.
                 log.warning("decode node %s did not answer for %s: %s", decode_node, rid, exc)
-                await node.bus.publish(
-                    subjects.ABORTS, AbortRequest(request_id=rid, only_node=decode_node)
-                )
+                abort = AbortRequest(request_id=rid, only_node=decode_node)
+                await node.bus.publish(subjects.ABORTS, seal_abort(abort, task.request.stream_key))
                 continue
             if ack.accepted:
                 await self._announce_owner(rid, ack)

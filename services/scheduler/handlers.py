@@ -36,6 +36,7 @@ from shared.kv.tiers import DRAM, bandwidth_key
 from shared.messages import AbortRequest, GenerateRequest, SubmitReply
 from shared.nats_events import disconnected_node
 from shared.rpc.types import PrefixHolder
+from shared.stream_auth import seal_abort
 
 log = logging.getLogger(__name__)
 #: Prefill nodes tried for one request before it is refused.
@@ -369,7 +370,7 @@ class SchedulerHandlers:
             # It may have taken the task and lost only its answer: make sure it stops.
             log.warning("prefill node %s did not answer (%s); placing elsewhere", node, exc)
             abort = AbortRequest(request_id=request.request_id, only_node=node)
-            await self.bus.publish(subjects.ABORTS, abort)
+            await self.bus.publish(subjects.ABORTS, seal_abort(abort, request.stream_key))
         return None
 
     def _block_hashes(self, request: GenerateRequest) -> list[BlockHash]:

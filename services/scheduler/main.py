@@ -19,6 +19,7 @@ from shared.bus import Bus, NatsBus, Subscription
 from shared.cluster_messages import NodeStatus
 from shared.heartbeat import heartbeat_loop
 from shared.messages import GenerateRequest
+from shared.nats_auth import own_id
 from shared.ops_http import OpsServer
 from shared.runtime import run_service
 from shared.secrets import secret_fingerprint
@@ -40,7 +41,9 @@ class SchedulerService:
     ) -> None:
         self.settings = settings
         self.scheduler_id = subjects.check_token(
-            settings.scheduler_id or f"scheduler-{uuid.uuid4().hex[:8]}", "scheduler id"
+            own_id(settings.scheduler_id, settings.nats_user)
+            or f"scheduler-{uuid.uuid4().hex[:8]}",
+            "scheduler id",
         )
         self.epoch = uuid.uuid4().hex[:16]
         self.bus = bus

@@ -16,9 +16,8 @@ CatalogueDown = (CacheMetaUnavailable, CacheMetaError)
 
 
 def record(header: BlockHeader) -> BlockRecord:
-    return BlockRecord(
-        header.block_hash, header.parent_hash, header.token_ids, header.num_bytes, header.checksum
-    )
+    # No token ids: the catalogue knows blocks by hash, and the ids are users' text.
+    return BlockRecord(header.block_hash, header.parent_hash, (), header.num_bytes, header.checksum)
 
 
 class TierCatalogue:

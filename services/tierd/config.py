@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal, Self
 from urllib.parse import urlsplit
@@ -14,11 +15,13 @@ from pydantic_settings import SettingsConfigDict
 
 from services.tierd.s3 import S3Config
 from shared import subjects
-from shared.nats_auth import NatsAuthSettings
+from shared.nats_auth import NatsAuthSettings, own_id
 from shared.secrets import (
     CacheMetaTokenSettings,
     CacheSecret,
     cache_secret_field,
+    check_password,
+    dev_mode,
     read_secret_file,
     refused,
 )
@@ -63,6 +66,11 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
     nvme_fsync: bool = Field(
         default=True, description="flush each block file to the device before it counts"
     )
+    nvme_encrypt: bool = Field(
+        default=True,
+        description="encrypt block files per tenant (AES-256-GCM); off: token ids and KV in "
+        "clear on disk, still authenticated with a keyed tag",
+    )
 
     s3_endpoint: str = Field(default="", description="S3 server URL; empty: no S3 tier")
     s3_bucket: str = Field(default="crescent", description="bucket, created if missing")
@@ -74,6 +82,21 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
     s3_secret_key_file: Path | None = Field(default=None, description="a file holding it")
     s3_capacity_mb: int = Field(default=0, ge=0, description="bytes S3 may hold; 0: unbounded")
     s3_concurrency: int = Field(default=8, ge=1, le=256, description="S3 requests in flight")
+    s3_encrypt: bool = Field(
+        default=True,
+        description="encrypt objects per tenant (AES-256-GCM); off: token ids and KV in clear "
+        "in the bucket, still authenticated with a keyed tag",
+    )
+    s3_ca_bundle: Path | None = Field(
+        default=None,
+        description="PEM file of the CAs the https endpoint's certificate must chain to; "
+        "default: the system's",
+    )
+    s3_allow_http: bool = Field(
+        default=False,
+        description="allow a plain http:// endpoint that is not on loopback (objects and "
+        "credentials' signatures then cross the network readable)",
+    )
 
     sink_watermark: float = Field(
         default=0.0,
@@ -117,7 +140,8 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
         return subjects.host_id(self.host_id)
 
     def resolved_node_id(self) -> str:
-        return subjects.check_token(self.node_id or f"tierd-{self.resolved_host_id()}", "node id")
+        given = own_id(self.node_id, self.nats_user)
+        return subjects.check_token(given or f"tierd-{self.resolved_host_id()}", "node id")
 
     def tenant_quotas(self) -> dict[str, int]:
         """``CRESCENT_TENANT_QUOTAS_MB`` as tenant -> bytes."""
@@ -131,6 +155,7 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
         if not self.s3_endpoint:
             return None
         _check_s3_location(self.s3_endpoint, self.s3_bucket, self.s3_region)
+        _check_s3_transport(self.s3_endpoint, self.s3_allow_http, self.s3_ca_bundle)
         return S3Config(
             endpoint=self.s3_endpoint,
             bucket=self.s3_bucket,
@@ -139,6 +164,7 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
             secret_key=_secret(self.s3_secret_key, self.s3_secret_key_file, "S3_SECRET_KEY"),
             region=self.s3_region,
             max_concurrency=self.s3_concurrency,
+            ca_bundle=None if self.s3_ca_bundle is None else str(self.s3_ca_bundle),
         )
 
 
@@ -167,14 +193,40 @@ def _check_s3_location(endpoint: str, bucket: str, region: str) -> None:
         raise refused(f"CRESCENT_S3_REGION {region!r} is no region name") from None
 
 
+def _check_s3_transport(endpoint: str, allow_http: bool, ca_bundle: Path | None) -> None:
+    """Refuses plain http to anything but loopback unless allowed, and a CA bundle that
+    cannot be read: both would otherwise show up only as failed or unprotected requests."""
+    url = urlsplit(endpoint)
+    if url.scheme == "http" and not allow_http and not _is_loopback(url.hostname or ""):
+        raise refused(
+            "CRESCENT_S3_ENDPOINT is plain http to a host that is not loopback: use https "
+            "(CRESCENT_S3_CA_BUNDLE for a private CA) or set CRESCENT_S3_ALLOW_HTTP=true"
+        )
+    if ca_bundle is not None and not ca_bundle.is_file():
+        raise refused(f"CRESCENT_S3_CA_BUNDLE {str(ca_bundle)!r} is not a readable file")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _secret(value: SecretStr | None, path: Path | None, name: str) -> str:
+    """The S3 credential from its variable or its file; a known placeholder is refused
+    outside development mode, wherever it came from."""
     if value is not None and value.get_secret_value():
         if path is not None:
             raise refused(f"set CRESCENT_{name} or CRESCENT_{name}_FILE, not both")
-        return value.get_secret_value()
-    if path is None:
+        given = value.get_secret_value()
+    elif path is None:
         raise refused(f"an S3 endpoint needs CRESCENT_{name} or CRESCENT_{name}_FILE")
-    try:
-        return read_secret_file(path, f"the file CRESCENT_{name}_FILE names")
-    except ValueError as exc:
-        raise refused(str(exc)) from None
+    else:
+        try:
+            given = read_secret_file(path, f"the file CRESCENT_{name}_FILE names")
+        except ValueError as exc:
+            raise refused(str(exc)) from None
+    return check_password(given, f"CRESCENT_{name}", dev=dev_mode())

@@ -38,6 +38,7 @@ from shared.heartbeat import heartbeat_loop
 from shared.kv.block_file import BlockHeader
 from shared.kv.hashing import quota_key, scope_salt
 from shared.kv.keep_watch import KeepWatch
+from shared.kv.seal import BlockSeal
 from shared.ops_http import OpsServer
 from shared.rpc.client import CacheMetaClient
 from shared.rpc.types import TierCapacity
@@ -60,8 +61,12 @@ class TierdService:
         self.tasks: list[asyncio.Task[None]] = []
         self.ops: OpsServer | None = None
         s3_config = s.s3_config()
-        self.nvme = NvmeStore(s.nvme_dir, s.nvme_capacity_mb * MB, fsync=s.nvme_fsync)
-        self.s3 = S3Store(s3_config) if s3_config is not None else None
+        nvme_seal = BlockSeal(s.cache_secret, NVME, encrypt=s.nvme_encrypt)
+        self.nvme = NvmeStore(
+            s.nvme_dir, s.nvme_capacity_mb * MB, fsync=s.nvme_fsync, seal=nvme_seal
+        )
+        s3_seal = BlockSeal(s.cache_secret, S3, encrypt=s.s3_encrypt)
+        self.s3 = S3Store(s3_config, s3_seal) if s3_config is not None else None
         self.holdings = Holdings(make_policy(s.eviction_policy))
         tiers = (NVME, S3) if self.s3 is not None else (NVME,)
         self.client = CacheMetaClient(s.cachemeta_url, token=s.cachemeta_token_value())

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import os
 import secrets
@@ -21,12 +22,18 @@ from pathlib import Path
 from typing import TypeVar
 
 from services.tierd.store_index import BlockIndex, KeyedLocks, Removed, ScanResult, StoreFull
-from shared.kv import block_file
+from shared.kv import block_file, block_io
 from shared.kv.block_file import BlockFormatError, BlockHeader, Layout, LayoutMismatch
 from shared.kv.hashing import HASH_BYTES
+from shared.kv.seal import BlockSeal
+from shared.kv.tiers import NVME
+from shared.secrets import DEV_CACHE_SECRET
 
 _TMP_SUFFIX = ".tmp"
 _BLK_SUFFIX = ".blk"
+# Block files hold tenants' data: only tierd's user may read them, whatever the umask.
+FILE_MODE = 0o600
+DIR_MODE = 0o700
 T = TypeVar("T")
 
 
@@ -34,16 +41,27 @@ class NvmeStore:
     """Owns the block files under ``root`` and the index of what they hold (see the module
     invariants). One store per root; nothing else writes there."""
 
-    def __init__(self, root: Path, capacity_bytes: int, *, fsync: bool = True) -> None:
+    def __init__(
+        self,
+        root: Path,
+        capacity_bytes: int,
+        *,
+        fsync: bool = True,
+        seal: BlockSeal | None = None,
+    ) -> None:
         """``fsync=False`` skips flushing each file to the device before its rename: faster,
-        and still safe to read (every read verifies), but a power cut may lose recent puts."""
+        and still safe to read (every read verifies), but a power cut may lose recent puts.
+        ``seal`` holds the keys (tierd passes the cache secret's; the default, the public
+        development secret's, is for tests and tools)."""
         self.root = Path(root)
         self.capacity_bytes = capacity_bytes
         self.fsync = fsync
+        self.seal = seal or BlockSeal(DEV_CACHE_SECRET, NVME)
         self._index = BlockIndex()
         self._locks = KeyedLocks()
         self._reserved = 0
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+        self.root.chmod(DIR_MODE)
 
     @property
     def used_bytes(self) -> int:
@@ -70,9 +88,9 @@ class NvmeStore:
     async def put(self, header: BlockHeader, payload: bytes | memoryview) -> None:
         """Stores (or replaces) a block; StoreFull past capacity, BlockFormatError if the
         payload does not match its header. ``payload`` must not change until this returns."""
-        block_file.verify_payload(header, payload)
-        encoded = block_file.encode_header(header)
-        size = len(encoded) + header.num_bytes
+        parts = await asyncio.to_thread(block_file.seal_parts, header, payload, self.seal)
+        size = sum(len(p) for p in parts)
+        header = dataclasses.replace(header, encrypted=self.seal.encrypt)
         async with self._locks.hold(header.block_hash):
             # A replaced file gives its bytes back when the rename lands.
             growth = size - self._index.size_of(header.block_hash)
@@ -81,7 +99,7 @@ class NvmeStore:
             self._reserved += max(growth, 0)
             try:
                 path = self.path_of(header.block_hash)
-                await asyncio.to_thread(_write_atomic, path, encoded, payload, self.fsync)
+                await asyncio.to_thread(_write_atomic, path, parts, self.fsync)
                 self._index.add(header, size)
             finally:
                 self._reserved -= max(growth, 0)
@@ -92,7 +110,7 @@ class NvmeStore:
         path = self.path_of(block_hash)
         async with self._locks.hold(block_hash):
             header, payload = await self._guarded(
-                block_hash, functools.partial(block_file.read_file, path, block_hash)
+                block_hash, functools.partial(block_io.read_file, path, block_hash, self.seal)
             )
             self._note(header)
         return header, payload
@@ -101,7 +119,7 @@ class NvmeStore:
         """Reads the block straight into ``dest``, as ``get`` (``dest`` is undefined on error);
         a block of another layout is refused with LayoutMismatch but kept."""
         path = self.path_of(block_hash)
-        read = functools.partial(block_file.read_into, path, dest, block_hash, layout)
+        read = functools.partial(block_io.read_into, path, dest, block_hash, layout, self.seal)
         async with self._locks.hold(block_hash):
             header = await self._guarded(block_hash, read)
             self._note(header)
@@ -134,7 +152,7 @@ class NvmeStore:
     async def scan(self) -> ScanResult:
         """Rebuilds the index from the files under ``root`` (headers only), removing temporary
         leftovers and every block file that is unreadable, misnamed or of the wrong size."""
-        found = await asyncio.to_thread(_scan_root, self.root)
+        found = await asyncio.to_thread(_scan_root, self.root, self.seal)
         self._index.clear()
         for header, size in found.blocks:
             self._index.add(header, size)
@@ -146,13 +164,14 @@ class NvmeStore:
         )
 
 
-def _write_atomic(path: Path, header: bytes, payload: bytes | memoryview, fsync: bool) -> None:
-    path.parent.mkdir(exist_ok=True)
+def _write_atomic(path: Path, parts: list[bytes | bytearray | memoryview], fsync: bool) -> None:
+    path.parent.mkdir(mode=DIR_MODE, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}{_TMP_SUFFIX}")
     try:
-        with open(tmp, "xb") as f:
-            f.write(header)
-            f.write(payload)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
+        with open(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
             if fsync:
                 f.flush()
                 os.fsync(f.fileno())
@@ -191,18 +210,22 @@ def _is_hex(text: str, length: int) -> bool:
     return len(text) == length and all(c in "0123456789abcdef" for c in text)
 
 
-def _scan_root(root: Path) -> _Found:
+def _scan_root(root: Path, seal: BlockSeal) -> _Found:
     found = _Found()
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
         if entry.is_dir(follow_symlinks=False) and _is_hex(entry.name, 2):
+            # Folders and files left by older releases with looser modes are tightened.
+            os.chmod(entry.path, DIR_MODE)
             for file in sorted(os.scandir(entry.path), key=lambda e: e.name):
-                _scan_file(root, entry.name, file, found)
+                _scan_file(root, entry.name, file, found, seal)
         else:
             found.ignored.append(entry.name)
     return found
 
 
-def _scan_file(root: Path, fan: str, entry: os.DirEntry[str], found: _Found) -> None:
+def _scan_file(
+    root: Path, fan: str, entry: os.DirEntry[str], found: _Found, seal: BlockSeal
+) -> None:
     rel = f"{fan}/{entry.name}"
     if not entry.is_file(follow_symlinks=False):
         found.ignored.append(rel)
@@ -216,7 +239,7 @@ def _scan_file(root: Path, fan: str, entry: os.DirEntry[str], found: _Found) -> 
             _remove(root, rel, "not a block file name", found)
             return
         try:
-            header, size = block_file.read_header(Path(entry.path), bytes.fromhex(stem))
+            header, size = block_io.read_header(Path(entry.path), bytes.fromhex(stem), seal)
         except (BlockFormatError, OSError) as exc:
             _remove(root, rel, str(exc), found)
             return
@@ -224,6 +247,7 @@ def _scan_file(root: Path, fan: str, entry: os.DirEntry[str], found: _Found) -> 
         if size != expected:
             _remove(root, rel, f"file is {size} bytes, its header says {expected}", found)
         else:
+            os.chmod(entry.path, FILE_MODE)
             found.blocks.append((header, size))
 
 

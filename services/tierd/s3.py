@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,9 @@ from shared.errors import CrescentError
 from shared.kv import block_file
 from shared.kv.block_file import BlockFormatError, BlockHeader
 from shared.kv.hashing import HASH_BYTES
+from shared.kv.seal import BlockSeal
+from shared.kv.tiers import S3
+from shared.secrets import DEV_CACHE_SECRET
 
 # One ranged GET reads a whole header of any real block (a few hundred bytes).
 _HEADER_PROBE_BYTES = 4096
@@ -42,6 +46,9 @@ class S3Config:
     secret_key: str = field(repr=False)
     region: str = "us-east-1"
     max_concurrency: int = 8
+    #: A PEM bundle of the CAs an https endpoint's certificate must chain to; None: the
+    #: system's. Certificates are always verified.
+    ca_bundle: str | None = None
     connect_timeout_s: float = 2.0
     read_timeout_s: float = 5.0
 
@@ -87,8 +94,11 @@ class S3Store:
     """Owns the objects under ``config.prefix`` in ``config.bucket`` and the index of what they
     hold (see the module invariants). Nothing else writes under that prefix."""
 
-    def __init__(self, config: S3Config) -> None:
+    def __init__(self, config: S3Config, seal: BlockSeal | None = None) -> None:
+        """``seal`` holds the keys (tierd passes the cache secret's; the default, the public
+        development secret's, is for tests and tools)."""
         self.config = config
+        self.seal = seal or BlockSeal(DEV_CACHE_SECRET, S3)
         self._index = BlockIndex()
         self._gate = asyncio.Semaphore(config.max_concurrency)
         self._stack: contextlib.AsyncExitStack | None = None
@@ -129,6 +139,7 @@ class S3Store:
                     aws_access_key_id=cfg.access_key,
                     aws_secret_access_key=cfg.secret_key,
                     config=_client_config(cfg),
+                    verify=cfg.ca_bundle or True,
                 )
             )
             await self._ensure_bucket()
@@ -168,7 +179,8 @@ class S3Store:
 
     async def put(self, header: BlockHeader, payload: bytes | memoryview) -> None:
         """Stores (or replaces) a block; BlockFormatError if the payload does not match."""
-        data = block_file.pack(header, payload)
+        data = await asyncio.to_thread(block_file.pack, header, payload, self.seal)
+        header = dataclasses.replace(header, encrypted=self.seal.encrypt)
         async with self._call("put") as s3:
             await s3.put_object(
                 Bucket=self.config.bucket, Key=self.key_of(header.block_hash), Body=data
@@ -184,16 +196,15 @@ class S3Store:
             self._index.discard(block_hash)
             raise KeyError(block_hash) from None
         try:
-            header, offset = block_file.decode_header(data)
-            block_file.verify_identity(header, block_hash)
-            payload = memoryview(data)[offset:]
-            block_file.verify_payload(header, payload)
+            header, payload = await asyncio.to_thread(
+                block_file.unpack, data, block_hash, self.seal
+            )
         except BlockFormatError:
             await self.delete(block_hash)
             raise
         if block_hash not in self._index:
             self._index.add(header, len(data))
-        return header, bytearray(payload)
+        return header, payload
 
     async def _read(self, block_hash: bytes, byte_range: str | None = None) -> bytes:
         extra = {"Range": byte_range} if byte_range else {}
@@ -273,7 +284,7 @@ class S3Store:
         needed = block_file.header_size(data[: block_file.PREFIX_BYTES])
         if needed > len(data):
             data = await self._read(block_hash, f"bytes=0-{needed - 1}")
-        header, _ = block_file.decode_header(data)
+        header, _ = block_file.decode_header(data, self.seal)
         block_file.verify_identity(header, block_hash)
         return header
 

@@ -139,7 +139,7 @@ class Tiering:
         return sunk + [h.block_hash for h in kept]
 
     async def _write(self, header: BlockHeader, payload: memoryview) -> bool:
-        size = packed_size(header)
+        size = packed_size(header, self.nvme.seal.encrypt)
         if not await self._fit_quota(header.quota_key, header.num_bytes):
             self.counters.refused += 1
             return False
@@ -194,7 +194,7 @@ class Tiering:
             for header, payload in blocks:
                 if NVME in self.holdings.tiers_of(header.block_hash):
                     continue
-                if await self._room_on_nvme(packed_size(header)):
+                if await self._room_on_nvme(packed_size(header, self.nvme.seal.encrypt)):
                     try:
                         await self.nvme.put(header, memoryview(payload))
                     except (StoreFull, OSError) as exc:

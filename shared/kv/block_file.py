@@ -1,33 +1,35 @@
 """The on-disk and in-object format of one KV block below DRAM (NVMe files, S3 objects).
 
-A block is stored as ``prefix ‖ body ‖ payload``. The prefix is fixed-size: magic ``CKVB``,
-format version, a reserved zero, the body's length and the body's xxh3 checksum. The body is
-struct-packed (no pickle): hashes, payload checksum and size, block size, creation time, then the
-quota key, model id, KV dtype and token ids. The payload is the block's bytes as the pool holds
-them.
+A block is stored as ``prefix ‖ body ‖ payload area``. The prefix is fixed-size: magic
+``CKVB``, format version, flags, the body's length and a tag (``shared.kv.seal``) over the
+prefix and body, keyed by the cache secret and the tier. The body is struct-packed (no pickle):
+hashes, payload checksum and size, block size, creation time, then the quota key, model id, KV
+dtype and token ids. With the ``ENCRYPTED`` flag the token ids and the payload are AES-GCM
+ciphertexts under the tenant's key; without it the token ids are plain and the payload is
+followed by its own keyed tag. The payload checksum (xxh3 of the plain bytes) is kept: it is
+what transfers between processes verify.
 
 Invariant: nothing is handed to a caller unless every check passed — magic, a version this
-code knows, the body's checksum and length, the expected block hash, the expected layout, the
-payload's size and its checksum. Any byte flipped or cut off anywhere fails one of them.
+code knows, the header's keyed tag, the expected block hash and layout, the payload's keyed
+tag (or AEAD tag) and its checksum. Without the cache secret no one can make a block that
+passes, and any byte flipped or cut off anywhere fails one of the checks.
 """
 
 from __future__ import annotations
 
-import io
-import os
 import struct
-from dataclasses import dataclass
-from pathlib import Path
-
-import xxhash
+from dataclasses import dataclass, field
 
 from shared.errors import CrescentError
 from shared.kv.hashing import HASH_BYTES, block_checksum
+from shared.kv.seal import MAC_OVERHEAD, SEALED_OVERHEAD, TAG_BYTES, BlockSeal, SealError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MAGIC = b"CKVB"
-# magic, version, reserved (zero), body length, xxh3 of the body.
-_PREFIX = struct.Struct("<4sHHIQ")
+ENCRYPTED = 1
+# magic, version, flags, body length, then the keyed tag of everything else in the header.
+_PREFIX = struct.Struct(f"<4sHHI{TAG_BYTES}s")
+_TAGGED = _PREFIX.size - TAG_BYTES
 PREFIX_BYTES = _PREFIX.size
 # block hash, parent hash, payload checksum, payload bytes, block size, created at,
 # then the lengths of: quota key, model id, KV dtype, token ids (in tokens).
@@ -38,11 +40,15 @@ MAX_QUOTA_KEY_BYTES = 16
 MAX_HEADER_BYTES = 1 << 20
 _U32 = 2**32 - 1
 _U64 = 2**64 - 1
+# Domain labels: no tag or ciphertext made for one part of a copy passes for another part.
+_HEADER = b"header\0"
+_TOKENS = b"tokens\0"
+_PAYLOAD = b"payload\0"
 
 
 class BlockFormatError(CrescentError):
-    """Stored block bytes are malformed, truncated, of another format or not the block asked
-    for; the copy is unusable and the caller treats the block as absent."""
+    """Stored block bytes are malformed, truncated, forged, of another format or not the block
+    asked for; the copy is unusable and the caller treats the block as absent."""
 
 
 class LayoutMismatch(BlockFormatError):
@@ -53,7 +59,7 @@ class LayoutMismatch(BlockFormatError):
 @dataclass(frozen=True, slots=True)
 class BlockHeader:
     """What a stored block says about itself; ``checksum`` and ``num_bytes`` describe the
-    payload that follows it."""
+    plain payload. ``encrypted`` and ``tag`` describe a stored copy (set by decoding)."""
 
     block_hash: bytes
     parent_hash: bytes
@@ -65,6 +71,9 @@ class BlockHeader:
     kv_dtype: str
     quota_key: bytes = b""
     created_at: float = 0.0
+    # How one stored copy holds the block, not what the block is: equality ignores them.
+    encrypted: bool = field(default=False, compare=False)
+    tag: bytes = field(default=b"", compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,8 +99,9 @@ def _check_encodable(h: BlockHeader) -> None:
         raise ValueError("token ids must fit an unsigned 32-bit integer")
 
 
-def encode_header(header: BlockHeader) -> bytes:
-    """The prefix and body of ``header``; ValueError for a header no reader could accept."""
+def encode_header(header: BlockHeader, seal: BlockSeal) -> bytes:
+    """The prefix and body of ``header`` as ``seal`` stores it (encrypted or not, tagged);
+    ValueError for a header no reader could accept."""
     _check_encodable(header)
     model = header.model_id.encode()
     dtype = header.kv_dtype.encode()
@@ -110,57 +120,64 @@ def encode_header(header: BlockHeader) -> bytes:
         len(header.token_ids),
     )
     tokens = struct.pack(f"<{len(header.token_ids)}I", *header.token_ids)
+    if seal.encrypt:
+        tokens = bytes(seal.encrypted(header.quota_key, header.block_hash, _TOKENS, tokens))
     body = b"".join((fixed, header.quota_key, model, dtype, tokens))
     if PREFIX_BYTES + len(body) > MAX_HEADER_BYTES:
         raise ValueError(f"the header exceeds {MAX_HEADER_BYTES} bytes")
-    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(body), xxhash.xxh3_64_intdigest(body))
-    return prefix + body
+    flags = ENCRYPTED if seal.encrypt else 0
+    tagged = _PREFIX.pack(MAGIC, FORMAT_VERSION, flags, len(body), bytes(TAG_BYTES))[:_TAGGED]
+    return tagged + seal.tag(_HEADER, tagged, body) + body
 
 
-def header_size(prefix: bytes | memoryview) -> int:
+def header_size(prefix: bytes | bytearray | memoryview) -> int:
     """The length of the whole header (prefix and body) from its first ``PREFIX_BYTES``; lets a
     reader fetch exactly the header. BlockFormatError if the prefix is not a valid one."""
     return PREFIX_BYTES + _parse_prefix(prefix)[0]
 
 
-def _parse_prefix(data: bytes | memoryview) -> tuple[int, int]:
+def _parse_prefix(data: bytes | bytearray | memoryview) -> tuple[int, int, bytes]:
     if len(data) < PREFIX_BYTES:
         raise BlockFormatError(f"truncated: {len(data)} bytes, the prefix alone is {PREFIX_BYTES}")
-    magic, version, reserved, body_len, body_sum = _PREFIX.unpack_from(data)
+    magic, version, flags, body_len, tag = _PREFIX.unpack_from(data)
     if magic != MAGIC:
         raise BlockFormatError(f"not a block file: magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
-        newer = "a newer" if version > FORMAT_VERSION else "an unknown"
+        newer = "a newer" if version > FORMAT_VERSION else "an older or unknown"
         raise BlockFormatError(
             f"{newer} format version {version} (this code reads {FORMAT_VERSION})"
         )
-    if reserved != 0:
-        raise BlockFormatError("reserved prefix field is not zero")
+    if flags & ~ENCRYPTED:
+        raise BlockFormatError(f"unknown flags {flags:#x}")
     if body_len < _FIXED.size or PREFIX_BYTES + body_len > MAX_HEADER_BYTES:
         raise BlockFormatError(f"implausible header length {body_len}")
-    return body_len, body_sum
+    return body_len, flags, bytes(tag)
 
 
-def decode_header(data: bytes | memoryview) -> tuple[BlockHeader, int]:
-    """The header at the start of ``data`` and the offset of the payload after it."""
-    body_len, body_sum = _parse_prefix(data)
+def decode_header(data: bytes | bytearray | memoryview, seal: BlockSeal) -> tuple[BlockHeader, int]:
+    """The authenticated header at the start of ``data`` and the offset of the payload area."""
+    body_len, flags, tag = _parse_prefix(data)
     end = PREFIX_BYTES + body_len
     if len(data) < end:
         raise BlockFormatError(f"truncated header: {len(data)} of {end} bytes")
-    body = memoryview(data)[PREFIX_BYTES:end]
-    if xxhash.xxh3_64_intdigest(body) != body_sum:
-        raise BlockFormatError("header checksum mismatch")
-    return _decode_body(body), end
+    view = memoryview(data)
+    body = view[PREFIX_BYTES:end]
+    try:
+        seal.check_tag(tag, _HEADER, view[:_TAGGED], body)
+        return _decode_body(body, bool(flags & ENCRYPTED), tag, seal), end
+    except SealError as exc:
+        raise BlockFormatError(f"header: {exc}") from None
 
 
-def _decode_body(body: memoryview) -> BlockHeader:
+def _decode_body(body: memoryview, encrypted: bool, tag: bytes, seal: BlockSeal) -> BlockHeader:
     block, parent, checksum, num_bytes, block_size, created, n_quota, n_model, n_dtype, n_tok = (
         _FIXED.unpack_from(body)
     )
     if n_quota > MAX_QUOTA_KEY_BYTES:
         raise BlockFormatError(f"quota key of {n_quota} bytes")
     at = _FIXED.size
-    if at + n_quota + n_model + n_dtype + 4 * n_tok != len(body):
+    n_tok_bytes = 4 * n_tok + (SEALED_OVERHEAD if encrypted else 0)
+    if at + n_quota + n_model + n_dtype + n_tok_bytes != len(body):
         raise BlockFormatError("header field lengths do not add up to the header length")
     quota = bytes(body[at : at + n_quota])
     at += n_quota
@@ -169,9 +186,23 @@ def _decode_body(body: memoryview) -> BlockHeader:
         dtype = str(body[at + n_model : at + n_model + n_dtype], "utf-8")
     except UnicodeDecodeError as exc:
         raise BlockFormatError(f"header text is not UTF-8: {exc}") from exc
-    tokens = struct.unpack_from(f"<{n_tok}I", body, at + n_model + n_dtype)
+    packed = body[at + n_model + n_dtype :]
+    if encrypted:
+        packed = memoryview(seal.decrypt(quota, block, _TOKENS, packed))
+    tokens = struct.unpack_from(f"<{n_tok}I", packed)
     return BlockHeader(
-        block, parent, tokens, checksum, num_bytes, model, block_size, dtype, quota, created
+        block,
+        parent,
+        tokens,
+        checksum,
+        num_bytes,
+        model,
+        block_size,
+        dtype,
+        quota,
+        created,
+        encrypted,
+        tag,
     )
 
 
@@ -194,15 +225,92 @@ def verify_identity(header: BlockHeader, block_hash: bytes, layout: Layout | Non
         raise LayoutMismatch(f"layout {got} is not the expected {layout}")
 
 
-def pack(header: BlockHeader, payload: bytes | memoryview) -> bytes:
-    """A file's or object's whole content: the header, then the payload (verified first)."""
+def seal_parts(
+    header: BlockHeader, payload: bytes | memoryview, seal: BlockSeal
+) -> list[bytes | bytearray | memoryview]:
+    """A stored copy's content in pieces, written one after another (a tagged payload is not
+    copied), after verifying ``payload`` against ``header``."""
     verify_payload(header, payload)
-    return encode_header(header) + payload
+    head = encode_header(header, seal)
+    tag = head[_TAGGED:PREFIX_BYTES]
+    if not seal.encrypt:
+        return [head, payload, seal.tag(_PAYLOAD, header.block_hash, tag, payload)]
+    return [head, _encrypt(header, payload, seal, tag, b"")]
 
 
-def packed_size(header: BlockHeader) -> int:
-    """Bytes ``pack`` gives for ``header``: what the block occupies in a store."""
-    return len(encode_header(header)) + header.num_bytes
+def pack(header: BlockHeader, payload: bytes | memoryview, seal: BlockSeal) -> bytes | bytearray:
+    """A file's or object's whole content: the header, then the sealed payload (encrypted
+    into one buffer holding both, since a 1.5 MB copy costs more than the cipher)."""
+    if not seal.encrypt:
+        return b"".join(seal_parts(header, payload, seal))
+    verify_payload(header, payload)
+    head = encode_header(header, seal)
+    return _encrypt(header, payload, seal, head[_TAGGED:PREFIX_BYTES], head)
+
+
+def _encrypt(
+    header: BlockHeader, payload: bytes | memoryview, seal: BlockSeal, tag: bytes, head: bytes
+) -> bytearray:
+    out = bytearray(len(head) + len(payload) + SEALED_OVERHEAD)
+    out[: len(head)] = head
+    view = memoryview(out)[len(head) :]
+    seal.encrypt_into(header.quota_key, header.block_hash, _PAYLOAD + tag, payload, view)
+    return out
+
+
+def payload_area(header: BlockHeader) -> int:
+    """Bytes after the header of a stored copy described by ``header``."""
+    return header.num_bytes + (SEALED_OVERHEAD if header.encrypted else MAC_OVERHEAD)
+
+
+def packed_size(header: BlockHeader, encrypted: bool | None = None) -> int:
+    """Bytes a copy of ``header`` occupies in a store, encrypted as ``encrypted`` says
+    (default: as ``header`` was read)."""
+    enc = header.encrypted if encrypted is None else encrypted
+    text = len(header.model_id.encode()) + len(header.kv_dtype.encode())
+    tokens = 4 * len(header.token_ids) + (SEALED_OVERHEAD if enc else 0)
+    head = PREFIX_BYTES + _FIXED.size + len(header.quota_key) + text + tokens
+    return head + header.num_bytes + (SEALED_OVERHEAD if enc else MAC_OVERHEAD)
+
+
+def unseal_into(
+    header: BlockHeader, area: bytes | bytearray | memoryview, dest: memoryview, seal: BlockSeal
+) -> None:
+    """Checks the payload area of a stored copy and puts the plain payload into ``dest``
+    (``header.num_bytes`` long); BlockFormatError if anything fails."""
+    if len(area) != payload_area(header):
+        raise BlockFormatError(f"payload area is {len(area)} bytes, not {payload_area(header)}")
+    view = memoryview(area)
+    if header.encrypted:
+        try:
+            ad = _PAYLOAD + header.tag
+            seal.decrypt_into(header.quota_key, header.block_hash, ad, view, dest)
+        except SealError as exc:
+            raise BlockFormatError(f"payload: {exc}") from None
+        verify_payload(header, dest)
+    else:
+        dest[:] = view[: header.num_bytes]
+        check_plain(header, dest, view[header.num_bytes :], seal)
+
+
+def check_plain(header: BlockHeader, plain: memoryview, tag: memoryview, seal: BlockSeal) -> None:
+    """Checks an unencrypted payload against its keyed tag and checksum."""
+    try:
+        seal.check_tag(tag, _PAYLOAD, header.block_hash, header.tag, plain)
+    except SealError as exc:
+        raise BlockFormatError(f"payload: {exc}") from None
+    verify_payload(header, plain)
+
+
+def unpack(
+    data: bytes | bytearray | memoryview, block_hash: bytes, seal: BlockSeal
+) -> tuple[BlockHeader, bytearray]:
+    """The verified header and plain payload of a whole stored copy."""
+    header, offset = decode_header(data, seal)
+    verify_identity(header, block_hash)
+    payload = bytearray(header.num_bytes)
+    unseal_into(header, memoryview(data)[offset:], memoryview(payload), seal)
+    return header, payload
 
 
 def file_name(block_hash: bytes) -> str:
@@ -215,65 +323,3 @@ def object_key(prefix: str, block_hash: bytes) -> str:
     """A block's object key under ``prefix``."""
     prefix = prefix.rstrip("/")
     return f"{prefix}/{block_hash.hex()}" if prefix else block_hash.hex()
-
-
-def _read_exact(f: io.FileIO, n: int) -> bytes:
-    data = bytearray(n)
-    view = memoryview(data)
-    done = 0
-    while done < n:
-        got = f.readinto(view[done:])
-        if not got:
-            raise BlockFormatError(f"truncated: {done} of {n} header bytes")
-        done += got
-    return bytes(data)
-
-
-def _read_header(f: io.FileIO, block_hash: bytes, layout: Layout | None) -> BlockHeader:
-    prefix = _read_exact(f, PREFIX_BYTES)
-    rest = _read_exact(f, header_size(prefix) - PREFIX_BYTES)
-    header, _ = decode_header(prefix + rest)
-    verify_identity(header, block_hash, layout)
-    return header
-
-
-def _read_payload(f: io.FileIO, dest: memoryview, header: BlockHeader) -> None:
-    view = dest[: header.num_bytes]
-    done = 0
-    while done < header.num_bytes:
-        got = f.readinto(view[done:])
-        if not got:
-            raise BlockFormatError(f"truncated payload: {done} of {header.num_bytes} bytes")
-        done += got
-    if f.read(1):
-        raise BlockFormatError("bytes after the payload")
-    verify_payload(header, view)
-
-
-def read_header(path: Path, block_hash: bytes) -> tuple[BlockHeader, int]:
-    """The verified header of the block at ``path`` (not its payload) and the file's size;
-    a size other than the header's plus ``num_bytes`` means a truncated or padded file."""
-    with open(path, "rb", buffering=0) as f:
-        header = _read_header(f, block_hash, None)
-        return header, os.fstat(f.fileno()).st_size
-
-
-def read_into(path: Path, dest: memoryview, block_hash: bytes, layout: Layout) -> BlockHeader:
-    """Reads the block at ``path`` straight into ``dest`` (at least ``layout.num_bytes`` long)
-    and verifies it. On BlockFormatError ``dest`` may hold part of a bad payload."""
-    if len(dest) < layout.num_bytes:
-        raise ValueError(f"dest holds {len(dest)} bytes, the block needs {layout.num_bytes}")
-    # Unbuffered, so readinto fills dest from the kernel with no intermediate copy.
-    with open(path, "rb", buffering=0) as f:
-        header = _read_header(f, block_hash, layout)
-        _read_payload(f, dest.cast("B"), header)
-    return header
-
-
-def read_file(path: Path, block_hash: bytes) -> tuple[BlockHeader, bytearray]:
-    """The verified header and payload of the block at ``path``, whatever its layout."""
-    with open(path, "rb", buffering=0) as f:
-        header = _read_header(f, block_hash, None)
-        payload = bytearray(header.num_bytes)
-        _read_payload(f, memoryview(payload), header)
-    return header, payload

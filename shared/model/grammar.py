@@ -10,6 +10,7 @@ takes a sequence over rebuilds it by feeding those tokens again.
 
 from __future__ import annotations
 
+import ctypes
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -112,6 +113,17 @@ class Grammars:
         failed, messages = LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
         if failed:
             raise InvalidRequestError(f"unsupported grammar: {_first_line(messages)}", param)
+
+    def first_mask_error(self, grammar: str) -> str | None:
+        """Compiles ``grammar`` and computes its first token mask, as a node's first step does:
+        the error that leaves the matcher in, or None. Costs what that step costs (llguidance
+        releases the GIL meanwhile), so a caller can time it."""
+        matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
+        size = (self.vocab_size + 31) // 32 * 4
+        mask = ctypes.create_string_buffer(size)
+        if not matcher.is_error():
+            matcher.unsafe_compute_mask_ptr(ctypes.addressof(mask), size)
+        return _first_line([str(matcher.get_error())]) if matcher.is_error() else None
 
     def matcher(self, grammar: str, generated: Sequence[int] = ()) -> GrammarMatcher:
         """A matcher that has consumed ``generated``; ``InvalidRequestError`` if the grammar

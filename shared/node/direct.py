@@ -2,9 +2,9 @@
 
 A node on the same host as its tierd can skip tierd and the transfer: it opens the block
 files itself and reads each payload into the pool block reserved for it, verifying the file's
-header and checksum as tierd would. Whether that beats asking tierd is measured, not assumed:
-both paths keep a bandwidth, the faster one is used, and the other is tried now and then so
-its figure stays current.
+header and keyed tags as tierd would (so it needs tierd's keys, those of the cache secret).
+Whether that beats asking tierd is measured, not assumed: both paths keep a bandwidth, the
+faster one is used, and the other is tried now and then so its figure stays current.
 """
 
 from __future__ import annotations
@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared.kv.block_file import BlockFormatError, Layout, file_name, read_into
+from shared.kv.block_file import BlockFormatError, Layout, file_name
+from shared.kv.block_io import read_into
 from shared.kv.hashing import BlockHash
+from shared.kv.seal import BlockSeal
 from shared.kv.tiers import NVME, bandwidth_key
 from shared.model.kv_cache import PagedKVCache
 from shared.node.puller import FetchBandwidth
@@ -48,12 +50,21 @@ class DirectReader:
     host), the layout its files must have, and the bandwidth of its direct reads.
 
     Invariant: a block counts as read only if its file's header names that block in this
-    node's layout and its payload matches the checksum; reading stops at the first block that
-    is missing or bad, since a prefix is only usable up to its first gap.
+    node's layout and its keyed tags and checksum verify; reading stops at the first block
+    that is missing or bad, since a prefix is only usable up to its first gap. Without a
+    ``seal`` (the keys tierd writes with) no direct read is made: the files cannot be checked.
     """
 
-    def __init__(self, root: Path, tierd_id: str, cache: PagedKVCache, layout: Layout) -> None:
+    def __init__(
+        self,
+        root: Path,
+        tierd_id: str,
+        cache: PagedKVCache,
+        layout: Layout,
+        seal: BlockSeal | None = None,
+    ) -> None:
         self.root = root
+        self.seal = seal
         self.tierd_id = tierd_id
         self.cache = cache
         self.layout = layout
@@ -65,7 +76,7 @@ class DirectReader:
     def prefer(self, tierd_id: str, via_tierd_rate: float | None) -> bool:
         """Whether the next NVMe fetch from ``tierd_id`` reads the files here rather than
         through tierd (only this host's tierd has its files here)."""
-        if tierd_id != self.tierd_id:
+        if tierd_id != self.tierd_id or self.seal is None:
             return False
         self._choices += 1
         mine = self.bandwidth.by_source.get("direct")
@@ -97,10 +108,13 @@ class DirectReader:
 
     def _read_all(self, hashes: list[BlockHash], dest_block_ids: list[int]) -> DirectRead:
         read = DirectRead()
+        if self.seal is None:
+            return read
         for block_hash, block_id in zip(hashes, dest_block_ids, strict=False):
             dest = self.cache.block_buffer(block_id).data.cast("B")
             try:
-                header = read_into(self.root / file_name(block_hash), dest, block_hash, self.layout)
+                path = self.root / file_name(block_hash)
+                header = read_into(path, dest, block_hash, self.layout, self.seal)
             except FileNotFoundError:
                 break  # moved on to S3 or deleted meanwhile: not damage
             except BlockFormatError as exc:

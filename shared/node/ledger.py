@@ -49,6 +49,7 @@ class Holding:
     owner_epoch: str = ""
     done_at: float = 0.0
     timer: DecodeTimer | None = None  # a decode node's times of it
+    stream_key: bytes = b""  # tags its chunks and checks its aborts (``shared.stream_auth``)
 
     @property
     def next_index(self) -> int:
@@ -91,9 +92,16 @@ class Ledger:
 
     # -- requests -----------------------------------------------------------------------
 
-    def open(self, request_id: str, gateway_id: str, deadline_ts: float, offset: int) -> Holding:
+    def open(
+        self,
+        request_id: str,
+        gateway_id: str,
+        deadline_ts: float,
+        offset: int,
+        stream_key: bytes = b"",
+    ) -> Holding:
         """Records a new request; a finished one with the same id is replaced."""
-        holding = Holding(request_id, gateway_id, deadline_ts, offset)
+        holding = Holding(request_id, gateway_id, deadline_ts, offset, stream_key=stream_key)
         self._holdings.pop(request_id, None)
         self._holdings[request_id] = holding
         return holding

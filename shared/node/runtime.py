@@ -34,6 +34,8 @@ from shared.engine.types import RequestOutput, StepTiming
 from shared.errors import InvalidRequestError
 from shared.heartbeat import heartbeat_loop
 from shared.kv.block_file import Layout
+from shared.kv.seal import BlockSeal
+from shared.kv.tiers import NVME
 from shared.messages import (
     AbortRequest,
     GenerateRequest,
@@ -58,6 +60,7 @@ from shared.node.upkeep import Upkeep
 from shared.ops_http import OpsServer
 from shared.sampling_params import SamplingParams
 from shared.secrets import secret_fingerprint
+from shared.stream_auth import abort_is_authentic, seal_chunk
 from shared.transfer.base import TransferServer, create_server
 
 log = logging.getLogger(__name__)
@@ -165,7 +168,9 @@ class NodeRuntime:
         layout = Layout(self.engine.model_id, config.block_size, config.kv_dtype,
                         cache.layout.block_bytes)  # fmt: skip
         tierd_id = s.tierd_id or f"tierd-{subjects.host_id(s.host_id)}"
-        return DirectReader(Path(s.nvme_dir), tierd_id, cache, layout)
+        # Reads only: whether tierd encrypts new writes is tierd's setting.
+        seal = BlockSeal(s.cache_secret, NVME)
+        return DirectReader(Path(s.nvme_dir), tierd_id, cache, layout, seal)
 
     async def _subscribe(self) -> None:
         bus, node = self.bus, self.node_id
@@ -248,8 +253,10 @@ class NodeRuntime:
         """Publishes a chunk of one of this node's requests, signed with who made it."""
         chunk.node_id = self.node_id
         chunk.epoch = self.epoch
+        holding = self.ledger.get(chunk.request_id)
         if tracing.enabled():
-            spans.trace_chunk(chunk, self.ledger.get(chunk.request_id))
+            spans.trace_chunk(chunk, holding)
+        seal_chunk(chunk, holding.stream_key if holding is not None else b"")
         await self.bus.publish(subjects.tokens(chunk.request_id), chunk)
 
     async def fail(self, request_id: str, message: str, code: int) -> None:
@@ -274,8 +281,13 @@ class NodeRuntime:
     async def _on_abort(self, abort: AbortRequest) -> None:
         if abort.only_node and abort.only_node != self.node_id:
             return
-        if self.ledger.get(abort.request_id) is not None:
-            await self.abort(abort.request_id)
+        holding = self.ledger.get(abort.request_id)
+        if holding is None:
+            return
+        if not abort_is_authentic(abort, holding.stream_key):
+            log.warning("ignored an abort of %s that its stream key did not sign", abort.request_id)
+            return
+        await self.abort(abort.request_id)
 
     async def _on_release(self, release: LeaseRelease) -> None:
         lease = await self.blocks.release(release.lease_id)

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from shared import subjects
 from shared.config import EngineSettings
-from shared.nats_auth import NatsAuthSettings
+from shared.nats_auth import NatsAuthSettings, own_id
 from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field
 
 
@@ -72,4 +72,5 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
     )
 
     def resolved_node_id(self, role: str) -> str:
-        return subjects.check_token(self.node_id or f"{role}-{uuid.uuid4().hex[:8]}", "node id")
+        given = own_id(self.node_id, self.nats_user)
+        return subjects.check_token(given or f"{role}-{uuid.uuid4().hex[:8]}", "node id")

@@ -7,7 +7,8 @@ gRPC's reconnect backoff. A channel still connecting is kept for ``CONNECT_GRACE
 whose deadline is shorter than the connection's setup (a loaded host, a 100 ms lookup budget)
 must not throw the half-made connection away, or every later call would start from scratch.
 
-Every call carries the deployment's token (``authorization: Bearer <token>``) when one is given.
+Every call carries the deployment's token (``authorization: Bearer <token>``) when one is given;
+the channel is TLS when ``shared.tls`` turns it on (``shared.rpc.credentials``).
 The server caps the lists of one call (``MAX_BLOCKS_PER_CALL`` entries, ``MAX_TOKENS_PER_BLOCK``
 token ids per block); this client splits longer registrations, drops and touches into several
 calls, and matches at most the first ``MAX_BLOCKS_PER_CALL`` blocks of a chain.
@@ -26,6 +27,7 @@ import grpc
 from shared.errors import CrescentError
 from shared.rpc import cachemeta_pb2 as pb
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
+from shared.rpc.credentials import channel_credentials, open_channel
 from shared.rpc.types import (
     BlockRecord,
     CatalogueStats,
@@ -35,6 +37,7 @@ from shared.rpc.types import (
     PrefixHolder,
     TierCapacity,
 )
+from shared.tls import TlsSettings, from_env
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 #: Entries of one list in one call (blocks, hashes); more are refused with INVALID_ARGUMENT.
@@ -87,7 +90,10 @@ class CacheMetaClient:
         timeout_s: float = 1.0,
         max_in_flight: int = 64,
         token: str | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
+        """``tls``: default this process's environment; ``PlaintextRefused`` here when the
+        channel would run in clear beyond loopback."""
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout_s}")
         if max_in_flight < 1:
@@ -102,6 +108,9 @@ class CacheMetaClient:
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
         self._metadata = ((AUTH_METADATA, f"Bearer {token}"),) if token else None
+        credentials, options = channel_credentials(target, from_env() if tls is None else tls)
+        self._credentials = credentials
+        self._options = CHANNEL_OPTIONS + options
 
     async def register_blocks(
         self, node_id: str, tier: str, blocks: Sequence[BlockRecord], *, replace: bool = False
@@ -281,7 +290,7 @@ class CacheMetaClient:
 
     def _connect(self) -> tuple[pb_grpc.CacheMetaStub, grpc.aio.Channel]:
         if self._channel is None or self._stub is None:
-            self._channel = grpc.aio.insecure_channel(self.target, options=CHANNEL_OPTIONS)
+            self._channel = open_channel(self.target, self._credentials, self._options)
             self._channel_born = time.monotonic()
             self._stub = pb_grpc.CacheMetaStub(self._channel)
         return self._stub, self._channel

@@ -1,9 +1,12 @@
-"""Block pulls over plain TCP: the fallback transport, and the one for hosts without UCX.
+"""Block pulls over TCP: the fallback transport, and the one for hosts without UCX.
 
 Both ends use raw non-blocking sockets on the event loop rather than asyncio streams: the client
 (``tcp_client``) receives each block straight into its destination with ``sock_recv_into``
 (streams would copy every byte once more and run at about half the speed), and the server here
-sends from the provider's buffers with ``sock_sendall`` without staging them.
+sends from the provider's buffers with ``sock_sendall`` without staging them. With TLS on
+(``shared.tls``) both ends run mutual TLS over those sockets (``tcp_channel``): blocks are
+decrypted straight into their destination, and only peers holding a certificate of the
+deployment's CA get a connection's first request read.
 
 The server guards itself against clients that misbehave or vanish: a request must arrive whole
 within ``read_timeout_s`` of its first byte, a connection may idle between pulls for
@@ -19,12 +22,15 @@ import asyncio
 import functools
 import logging
 import socket
+import ssl
 
+from shared.tls import TlsSettings, from_env
 from shared.transfer.base import (
     DEFAULT_SEND_TIMEOUT_S,
     BlockProvider,
     TransferError,
 )
+from shared.transfer.tcp_channel import SERVER_RECV_BYTES, Channel, PlainChannel, TlsChannel
 from shared.transfer.tcp_deadlines import Deadlines
 from shared.transfer.wire import (
     REQUEST_HEAD_BYTES,
@@ -38,6 +44,7 @@ from shared.transfer.wire import (
 
 log = logging.getLogger(__name__)
 
+LINK = "the KV transfer port"
 ADDRESS_PREFIX = b"tcp:"
 _WILDCARDS = ("", "0.0.0.0", "::")
 DEFAULT_READ_TIMEOUT_S = 10.0
@@ -52,12 +59,10 @@ class PeerClosedError(ConnectionError):
     """The other end closed the connection in the middle of a message."""
 
 
-async def recv_exactly(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
-) -> None:
+async def recv_exactly(channel: Channel, view: memoryview) -> None:
     got = 0
     while got < len(view):
-        n = await loop.sock_recv_into(sock, view[got:])
+        n = await channel.recv_into(view[got:])
         if n == 0:
             raise PeerClosedError(f"connection closed after {got} of {len(view)} bytes")
         got += n
@@ -84,7 +89,8 @@ class TcpTransferServer:
 
     Owns the listening socket, the accepting and sweeping tasks and one task per connection,
     which alone closes its socket. Invariants: a connection carries one pull at a time, in
-    order, so replies never interleave; at most ``max_connections`` are served at once.
+    order, so replies never interleave; at most ``max_connections`` are served at once; with
+    TLS on, no request is read before the client's certificate has been verified.
     """
 
     def __init__(
@@ -96,8 +102,12 @@ class TcpTransferServer:
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        tls: TlsSettings | None = None,
     ) -> None:
+        """``tls``: default this process's environment (``shared.tls``)."""
         self._provider = provider
+        self._tls = from_env() if tls is None else tls
+        self._context: ssl.SSLContext | None = None
         self._host = host
         self._send_timeout_s = send_timeout_s
         self._max_connections = max_connections
@@ -122,6 +132,8 @@ class TcpTransferServer:
         return len(self._conns)
 
     async def start(self) -> None:
+        """Listens; ``PlaintextRefused`` when it would serve in clear beyond loopback."""
+        self._context = self._tls.server_context(LINK, self._host)
         loop = asyncio.get_running_loop()
         infos = await loop.getaddrinfo(self._host, 0, type=socket.SOCK_STREAM)
         family, kind, proto, _, sockaddr = infos[0]
@@ -210,55 +222,60 @@ class TcpTransferServer:
             )
 
     async def _serve(self, conn: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
         head = memoryview(bytearray(REQUEST_HEAD_BYTES))
         try:
-            while (request := await self._read_request(loop, conn, head)) is not None:
-                await self._send_answer(loop, conn, request)
-        except (OSError, TimeoutError) as exc:
+            channel = await self._open_channel(conn)
+            while (request := await self._read_request(channel, head)) is not None:
+                await self._send_answer(channel, request)
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError included: a refused peer
             log.info("transfer connection dropped: %r", exc)
         finally:
             self._deadlines.done(conn)
             conn.close()
 
-    async def _read_request(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, head: memoryview
-    ) -> PullRequest | None:
-        """The next request on ``conn``; None when the connection is to end quietly."""
-        deadlines = self._deadlines
+    async def _open_channel(self, conn: socket.socket) -> Channel:
+        if self._context is None:
+            return PlainChannel(conn)
+        # The handshake is held to the read deadline: a client that connects and never
+        # completes it frees its slot as one that trickles a request does.
+        self._deadlines.request_started(conn)
+        channel = TlsChannel(conn, self._context, server_side=True, recv_bytes=SERVER_RECV_BYTES)
+        await channel.handshake()
+        self._deadlines.done(conn)
+        return channel
+
+    async def _read_request(self, channel: Channel, head: memoryview) -> PullRequest | None:
+        """The next request on ``channel``; None when the connection is to end quietly."""
+        deadlines, conn = self._deadlines, channel.sock
         deadlines.wait_for_request(conn)
-        got = await loop.sock_recv_into(conn, head)
+        got = await channel.recv_into(head)
         if got == 0:
             return None  # the client hung up between pulls
         # One deadline for the rest of the request, however it trickles in.
         deadlines.request_started(conn)
-        await recv_exactly(loop, conn, head[got:])
+        await recv_exactly(channel, head[got:])
         try:
             body = memoryview(bytearray(request_body_bytes(head)))
-            await recv_exactly(loop, conn, body)
+            await recv_exactly(channel, body)
             request = decode_request(bytes(head) + bytes(body))
         except ValueError as exc:
             deadlines.done(conn)
-            await self._refuse(loop, conn, exc)
+            await self._refuse(channel, exc)
             return None
         deadlines.done(conn)
         return request
 
-    async def _refuse(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, exc: ValueError
-    ) -> None:
+    async def _refuse(self, channel: Channel, exc: ValueError) -> None:
         # The stream cannot be trusted past a bad request: answer, then hang up.
         reply = Reply(0, Status.BAD_REQUEST, 0, str(exc)).encode()
         async with asyncio.timeout(self._send_timeout_s):
-            await loop.sock_sendall(conn, reply)
+            await channel.sendall(reply)
 
-    async def _send_answer(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, request: PullRequest
-    ) -> None:
+    async def _send_answer(self, channel: Channel, request: PullRequest) -> None:
         result = answer(self._provider, request)
         async with asyncio.timeout(self._send_timeout_s):
-            await loop.sock_sendall(conn, result.reply.encode())
+            await channel.sendall(result.reply.encode())
             for view in result.views:
-                await loop.sock_sendall(conn, view)
+                await channel.sendall(view)
         self.bytes_sent += result.reply.total_bytes
         self.blocks_sent += len(result.views)

@@ -12,6 +12,7 @@ import nats
 import pytest
 
 from shared import subjects
+from shared.bus import tls_options
 from shared.cluster_messages import NodeStatus
 from shared.messages import encode
 from tests.chaos.conftest import Chaos
@@ -56,28 +57,31 @@ def test_poison_values_and_pathological_json_get_400s(chaos: Chaos) -> None:
 def test_forged_heartbeats_are_refused_or_dropped(chaos: Chaos) -> None:
     where = json.loads((chaos.stack.data_dir / "stack.json").read_text())
     secrets = chaos.stack.data_dir / "secrets"
-    password = (secrets / "nats-decode.password").read_text().strip()
+    password = (secrets / "nats-decode-0.password").read_text().strip()
+    tls = tls_options(where["nats_url"], chaos.tls)
 
     async def forge() -> None:
         with pytest.raises(Exception, match="Authorization"):
-            await nats.connect(where["nats_url"], allow_reconnect=False, connect_timeout=2)
+            await nats.connect(where["nats_url"], allow_reconnect=False, connect_timeout=2, **tls)
         errors: list[Exception] = []
 
         async def on_error(exc: Exception) -> None:
             errors.append(exc)
 
         nc = await nats.connect(
-            where["nats_url"], user="decode", password=password,
-            inbox_prefix="_INBOX.decode", error_cb=on_error,
+            where["nats_url"], user="decode-0", password=password,
+            inbox_prefix="_INBOX.decode-0", error_cb=on_error, **tls,
         )  # fmt: skip
         # A decode node's credentials cannot speak for a prefill node...
         lie = NodeStatus(node_id="prefill-0", role="prefill", draining=True)
         await nc.publish(subjects.heartbeats("prefill", "prefill-0"), encode(lie))
+        # ...nor for another decode node...
+        await nc.publish(subjects.heartbeats("decode", "decode-1"), encode(lie))
         # ...and an absurd value on its own subject does not decode anywhere.
-        absurd = encode(NodeStatus(node_id="decode-x", role="decode")).replace(
+        absurd = encode(NodeStatus(node_id="decode-0", role="decode")).replace(
             b'"block_size":32', b'"block_size":0'
         )
-        await nc.publish(subjects.heartbeats("decode", "decode-x"), absurd)
+        await nc.publish(subjects.heartbeats("decode", "decode-0"), absurd)
         await nc.flush()
         await asyncio.sleep(1.0)
         await nc.close()
@@ -86,7 +90,8 @@ def test_forged_heartbeats_are_refused_or_dropped(chaos: Chaos) -> None:
     chaos.loop.run(forge(), 30)
     time.sleep(1.0)
     _, prefill = chaos.harness.beats.latest["prefill-0"]
-    assert not prefill.draining and "decode-x" not in chaos.harness.beats.latest
+    _, decode = chaos.harness.beats.latest["decode-0"]
+    assert not prefill.draining and decode.block_size == 32
     logs = chaos.stack.log("scheduler-0") + chaos.stack.log("scheduler-1")
     assert "dropped a malformed NodeStatus" in logs
     ok = chaos.run(lambda h: h.stream("Say hello.", 4))

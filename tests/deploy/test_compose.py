@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,16 +13,27 @@ import nats
 import nats.errors
 import pytest
 
-from crescent.nats_config import compose_config, password_variable
+from crescent.nats_config import render_config
+from crescent.secrets_init import NATS_HTTP, NATS_LISTEN, nats_password_key
+from crescent.slots import SlotSettings, compose_nodes
 from services.cachemeta.config import CacheMetaSettings
 from services.scheduler.config import SchedulerSettings
+from shared.bus import tls_options
 from shared.node.settings import NodeSettings
-from shared.secrets import MIN_SECRET_CHARS
+from shared.secrets import MIN_SECRET_CHARS, is_placeholder
+from tests.deploy.generated import (
+    SECRETS_DIR,
+    generate,
+    local_nats_config,
+    service_env,
+    service_tls,
+)
 from tests.support.nats import free_port, nats_server_binary, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
-SCALED = ("prefill", "decode")
+SCALED = ("scheduler", "prefill", "decode")
+SLOTS_DIR = "/var/lib/crescent/slots"
 ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
 
@@ -78,79 +88,128 @@ def test_every_service_has_a_health_check_and_the_nodes_can_scale() -> None:
         assert services[name]["environment"]["CRESCENT_NATS_URL"] == "nats://nats:4222"
 
 
-def test_services_start_only_after_nats_is_healthy() -> None:
+def test_services_start_only_after_nats_is_healthy_and_the_secrets_exist() -> None:
     services = rendered()["services"]
     for name in ("gateway", "scheduler", "prefill", "decode", "tierd"):
         assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy", name
+    for name in set(services) - {"secrets-init", "prometheus", "grafana"}:
+        condition = services[name]["depends_on"]["secrets-init"]["condition"]
+        assert condition == "service_completed_successfully", name
     assert services["tierd"]["depends_on"]["s3"]["condition"] == "service_healthy"
 
 
-def test_nats_runs_the_generated_configuration() -> None:
-    config = rendered()
-    # Compose keeps `$$` in what it prints; the container reads a single `$`.
-    content = config["configs"]["nats-config"]["content"].replace("$$", "$")
-    assert content == compose_config(), "regenerate the nats-config content of docker-compose.yml"
-    assert config["services"]["nats"]["configs"][0]["source"] == "nats-config"
-
-
-def test_each_service_connects_as_its_role_with_the_password_nats_expects() -> None:
+def test_nats_runs_the_configuration_secrets_init_renders(tmp_path: Path) -> None:
     services = rendered()["services"]
-    nats_env = services["nats"]["environment"]
+    assert services["nats"]["command"] == ["-c", f"{SECRETS_DIR}/nats-config"]
+    assert services["nats"]["depends_on"]["secrets-init"]["condition"] == (
+        "service_completed_successfully"
+    )
+    folder = generate(tmp_path / "secrets")
+    nodes = compose_nodes(SlotSettings(), "compose")
+    passwords = {n: (folder / nats_password_key(n)).read_text().strip() for n in nodes}
+    expected = render_config(passwords, nodes=nodes, listen=NATS_LISTEN, http=NATS_HTTP)
+    config = (folder / "nats-config").read_text()
+    (tls_line,) = [line for line in config.splitlines() if line.startswith("tls: ")]
+    assert config.replace(tls_line + "\n", "") == expected
+    # Mutual TLS with the handshake first, from the files in the volume NATS mounts.
+    assert json.loads(tls_line.removeprefix("tls: ")) == {
+        "cert_file": f"{SECRETS_DIR}/tls/nats.pem",
+        "key_file": f"{SECRETS_DIR}/tls/nats.key",
+        "ca_file": f"{SECRETS_DIR}/tls/ca.pem",
+        "verify": True,
+        "handshake_first": True,
+        "timeout": 2,
+    }
+
+
+def test_each_replica_claims_a_slot_of_its_role_in_the_shared_locks_volume() -> None:
+    services = rendered()["services"]
     for role in ROLES:
-        env = services[role]["environment"]
-        assert env["CRESCENT_NATS_USER"] == role
-        assert env["CRESCENT_NATS_PASSWORD"] == nats_env[password_variable(role)]
-    passwords = [nats_env[password_variable(role)] for role in ROLES]
-    assert len(set(passwords)) == len(ROLES)
+        service = services[role]
+        # No fixed NATS identity: the claim sets the user, the password file and the id.
+        assert not any(k.startswith("CRESCENT_NATS_USER") for k in service["environment"])
+        assert "CRESCENT_NATS_PASSWORD_FILE" not in service["environment"], role
+        command = service["command"]
+        assert command[:5] == ["crescent", "secrets", "exec", "--claim", role], role
+        locks = [v for v in service["volumes"] if v["target"] == SLOTS_DIR]
+        assert locks and locks[0]["source"] == "slots" and not locks[0].get("read_only"), role
+    assert not any(v["target"] == SLOTS_DIR for v in services["cachemeta"]["volumes"])
     assert "CRESCENT_NATS_USER" not in services["cachemeta"]["environment"]
+    slots = services["secrets-init"]["environment"]
+    for role, count in (("GATEWAY", "1"), ("SCHEDULER", "2"), ("PREFILL", "4"), ("DECODE", "4")):
+        assert slots[f"CRESCENT_{role}_SLOTS"] == count
+        # NATS is recreated, and so loads the new users, when a count changes.
+        assert services["nats"]["environment"][f"CRESCENT_{role}_SLOTS"] == count
+    # tierd's slot is named by the host id the nodes and tierd use.
+    assert slots["CRESCENT_HOST_ID"] == services["tierd"]["environment"]["CRESCENT_HOST_ID"]
 
 
-def test_cachemeta_and_its_callers_share_a_token_the_gateway_lacks() -> None:
+def test_cachemeta_and_its_callers_share_a_token_file_the_gateway_lacks() -> None:
     services = rendered()["services"]
-    token = services["cachemeta"]["environment"]["CRESCENT_CACHEMETA_TOKEN"]
-    assert len(token) >= MIN_SECRET_CHARS
-    for name in ("scheduler", "prefill", "decode", "tierd"):
-        assert services[name]["environment"]["CRESCENT_CACHEMETA_TOKEN"] == token
-    assert services["gateway"]["environment"]["CRESCENT_CACHEMETA_TOKEN"] == ""
+    token_file = f"{SECRETS_DIR}/cachemeta-token"
+    for name in ("cachemeta", "scheduler", "prefill", "decode", "tierd"):
+        assert services[name]["environment"]["CRESCENT_CACHEMETA_TOKEN_FILE"] == token_file
+    assert not any("CACHEMETA_TOKEN" in k for k in services["gateway"]["environment"])
 
 
-def test_the_trial_defaults_pass_the_production_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_generated_secrets_pass_the_production_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     services = rendered()["services"]
+    folder = generate(tmp_path / "secrets")
     monkeypatch.setenv("CRESCENT_DEV_MODE", "false")
     for name, settings in (("cachemeta", CacheMetaSettings), ("scheduler", SchedulerSettings)):
-        for key, value in services[name]["environment"].items():
+        for key, value in service_env(services[name], folder).items():
             monkeypatch.setenv(key, value)
         settings()
-    env = services["prefill"]["environment"]
-    assert NodeSettings(cache_secret=env["CRESCENT_CACHE_SECRET"]).cache_secret
+    env = service_env(services["prefill"], folder)
+    secret = NodeSettings(cache_secret=env["CRESCENT_CACHE_SECRET"]).cache_secret
+    assert len(secret) >= MIN_SECRET_CHARS and not is_placeholder(secret)
+    db_url = service_env(services["cachemeta"], folder)["CRESCENT_DB_URL"]
+    assert db_url.startswith("postgresql+asyncpg://crescent:") and "@postgres:5432/" in db_url
+    password = (folder / "postgres-password").read_text().strip()
+    assert f":{password}@" in db_url
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD_FILE"] == (
+        f"{SECRETS_DIR}/postgres-password"
+    )
 
 
 def test_the_services_passwords_open_the_real_server(tmp_path: Path) -> None:
     services = rendered()["services"]
-    content = rendered()["configs"]["nats-config"]["content"].replace("$$", "$")
-    (tmp_path / "nats.conf").write_text(content)
+    folder = generate(tmp_path / "secrets")
     port = free_port()
-    argv = [str(nats_server_binary()), "-c", str(tmp_path / "nats.conf"), "-p", str(port)]
+    argv = [str(nats_server_binary()), "-c", str(local_nats_config(folder)), "-p", str(port)]
     argv += ["-a", "127.0.0.1", "-m", str(free_port())]
-    env = os.environ | services["nats"]["environment"]
-    server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"nats://127.0.0.1:{port}"
     try:
         wait_for_port(port, 10, server)
 
         async def scenario() -> None:
             for role in ROLES:
-                role_env = services[role]["environment"]
+                role_env = service_env(services[role], folder)
                 nc = await nats.connect(
-                    f"nats://127.0.0.1:{port}",
+                    url,
                     user=role_env["CRESCENT_NATS_USER"],
-                    password=role_env["CRESCENT_NATS_PASSWORD"],
+                    password=Path(role_env["CRESCENT_NATS_PASSWORD_FILE"]).read_text().strip(),
                     allow_reconnect=False,
+                    **tls_options(url, service_tls(role_env)),
                 )
                 await nc.close()
+            tls = tls_options(url, service_tls(service_env(services["gateway"], folder)))
             with pytest.raises(nats.errors.Error, match="Authorization Violation"):
-                await nats.connect(f"nats://127.0.0.1:{port}", allow_reconnect=False)
+                await nats.connect(url, allow_reconnect=False, **tls)
 
         asyncio.run(scenario())
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_slot_count_set_for_up_reaches_secrets_init_and_nats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CRESCENT_PREFILL_SLOTS", "8")
+    services = rendered()["services"]
+    assert services["secrets-init"]["environment"]["CRESCENT_PREFILL_SLOTS"] == "8"
+    assert services["nats"]["environment"]["CRESCENT_PREFILL_SLOTS"] == "8"

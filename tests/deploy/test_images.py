@@ -21,7 +21,15 @@ from tests.support.pip_index import index_answering
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 UNREACHABLE = "http://127.0.0.1:9/"  # the discard port: nothing listens there
-CRESCENT_IMAGES = ("gateway", "cachemeta", "scheduler", "prefill", "decode", "tierd")
+CRESCENT_IMAGES = (
+    "secrets-init",
+    "gateway",
+    "cachemeta",
+    "scheduler",
+    "prefill",
+    "decode",
+    "tierd",
+)
 
 
 def instructions() -> list[str]:

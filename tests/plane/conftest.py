@@ -15,10 +15,24 @@ from nats.aio.client import Client
 
 from tests.support.nats import NatsServer
 
+#: The deployment the tests' server knows: one NATS user per instance, named by its node id.
+NODES = {
+    "gateway-0": "gateway",
+    "scheduler-0": "scheduler",
+    "prefill-0": "prefill",
+    "prefill-1": "prefill",
+    "decode-0": "decode",
+    "decode-1": "decode",
+    "tierd-host": "tierd",
+}
+#: Who a test means by a role's name: that role's first instance.
+AS_ROLE = {role: next(n for n, r in NODES.items() if r == role) for role in set(NODES.values())}
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
-    nats_server = NatsServer.start(Path(tmp_path_factory.mktemp("nats")), auth=True)
+    directory = Path(tmp_path_factory.mktemp("nats"))
+    nats_server = NatsServer.start(directory, auth=True, nodes=NODES)
     try:
         yield nats_server
     finally:
@@ -57,6 +71,7 @@ async def connect(server: NatsServer, user: str, name: str | None = None) -> Asy
     async def on_error(exc: Exception) -> None:
         errors.append(str(exc).lower())
 
+    user = AS_ROLE.get(user, user)
     nc = await nats.connect(
         server.url,
         name=name or f"test-{user}",

@@ -14,6 +14,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from shared import subjects
+from shared.liveness import Liveness
 from shared.nats_events import DISCONNECT_TYPE, disconnected_name, disconnected_node
 from tests.plane.conftest import connect, received
 from tests.support.nats import NatsServer
@@ -43,7 +44,7 @@ def start_node(server: NatsServer, user: str, name: str) -> subprocess.Popen[str
 
 
 @pytest.mark.parametrize("watcher", ["gateway", "scheduler"])
-def test_a_killed_node_is_reported_by_name_within_a_second(
+def test_a_killed_node_is_reported_by_its_user_within_a_second(
     server: NatsServer, watcher: str
 ) -> None:
     async def scenario() -> None:
@@ -57,15 +58,14 @@ def test_a_killed_node_is_reported_by_name_within_a_second(
 
             await watching.nc.subscribe(subjects.DISCONNECTS, cb=on_event)
             await watching.sync()
-            node = await asyncio.to_thread(start_node, server, "prefill", "crescent-prefill-7")
+            node = await asyncio.to_thread(start_node, server, "prefill-1", "crescent-prefill-1")
             killed_at = time.monotonic()
             node.kill()
             await asyncio.to_thread(node.wait)
             assert await received(events, timeout_s=1.0)
-            names = [disconnected_name(e) for e in events]
-            assert "crescent-prefill-7" in names
-            assert seen_at[names.index("crescent-prefill-7")] - killed_at < 1.0
-            assert disconnected_node(events[names.index("crescent-prefill-7")]) == "prefill-7"
+            nodes = [disconnected_node(e) for e in events]
+            assert "prefill-1" in nodes
+            assert seen_at[nodes.index("prefill-1")] - killed_at < 1.0
             assert not watching.errors
 
     asyncio.run(scenario())
@@ -86,14 +86,40 @@ def advisory(**client: object) -> bytes:
     ).encode()
 
 
-def test_parsing_takes_the_connection_name() -> None:
-    assert (
-        disconnected_name(advisory(name="crescent-decode-0", user="decode")) == "crescent-decode-0"
-    )
-    assert disconnected_node(advisory(name="crescent-decode-0")) == "decode-0"
-    assert disconnected_name(advisory(name="bench")) == "bench"
-    assert disconnected_node(advisory(name="bench")) is None
-    assert disconnected_node(advisory(name="crescent-")) is None
+def test_the_node_is_the_authenticated_user_never_the_chosen_name() -> None:
+    spoof = advisory(name="crescent-decode-0", user="tools")
+    assert disconnected_name(spoof) == "crescent-decode-0"  # for logs only
+    assert disconnected_node(spoof) == "tools"  # names no node: liveness knows no such peer
+    assert disconnected_node(advisory(name="crescent-decode-0", user="decode-0")) == "decode-0"
+    assert disconnected_node(advisory(name="crescent-decode-0")) is None  # no user: no word
+    assert disconnected_node(advisory(name="bench", user="")) is None
+
+
+def test_a_spoofed_name_disconnecting_leaves_the_node_alive(server: NatsServer) -> None:
+    """The read-only tools user names its connection after decode-0 and hangs up: the
+    advisory carries the server's word (user tools), so a watcher's liveness keeps decode-0."""
+    view = Liveness(timeout_s=30.0, started_at=time.monotonic())
+    view.beat("decode-0", "decode", "e1", time.monotonic())
+
+    async def scenario() -> None:
+        async with connect(server, "gateway") as watching:
+            events: list[bytes] = []
+
+            async def on_event(msg: Msg) -> None:
+                events.append(msg.data)
+                node_id = disconnected_node(msg.data)
+                if node_id is not None:
+                    view.disconnected(node_id, time.monotonic())
+
+            await watching.nc.subscribe(subjects.DISCONNECTS, cb=on_event)
+            await watching.sync()
+            for _ in range(3):
+                async with connect(server, "tools", name="crescent-decode-0"):
+                    pass
+            assert await received(events, count=3, timeout_s=2.0)
+            assert view.alive("decode-0", time.monotonic())
+
+    asyncio.run(scenario())
 
 
 @pytest.mark.parametrize(

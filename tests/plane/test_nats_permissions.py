@@ -5,7 +5,6 @@ and the message does not arrive."""
 from __future__ import annotations
 
 import asyncio
-import uuid
 from collections.abc import Callable
 
 import nats
@@ -15,7 +14,7 @@ from nats.aio.msg import Msg
 
 from shared import subjects
 from shared.bus import NatsBus
-from tests.plane.conftest import connect, received
+from tests.plane.conftest import AS_ROLE, connect, received
 from tests.support.nats import NatsServer
 
 
@@ -61,7 +60,7 @@ def test_a_prefill_node_cannot_read_tokens_nor_submit_requests(server: NatsServe
     asyncio.run(scenario())
 
 
-def test_a_node_heartbeats_only_as_its_own_role(server: NatsServer) -> None:
+def test_a_node_heartbeats_only_as_itself(server: NatsServer) -> None:
     async def scenario() -> None:
         async with connect(server, "decode") as decode, connect(server, "gateway") as gateway:
             beats: list[str] = []
@@ -73,10 +72,13 @@ def test_a_node_heartbeats_only_as_its_own_role(server: NatsServer) -> None:
             await gateway.sync()
             await decode.nc.publish(subjects.heartbeats("prefill", "x"), b"{}")
             assert await decode.refused(subjects.heartbeats("prefill", "x"))
-            await decode.nc.publish(subjects.heartbeats("decode", "d1"), b"{}")
+            # Nor as another node of its own role.
+            await decode.nc.publish(subjects.heartbeats("decode", "decode-1"), b"{}")
+            assert await decode.refused(subjects.heartbeats("decode", "decode-1"))
+            await decode.nc.publish(subjects.heartbeats("decode", "decode-0"), b"{}")
             assert await received(beats)
             await asyncio.sleep(0.2)
-            assert beats == [subjects.heartbeats("decode", "d1")]
+            assert beats == [subjects.heartbeats("decode", "decode-0")]
 
     asyncio.run(scenario())
 
@@ -113,11 +115,13 @@ def test_the_scheduler_takes_requests_only_in_its_queue_group(server: NatsServer
 def test_nobody_reads_another_roles_replies_or_answers_unasked(server: NatsServer) -> None:
     async def scenario() -> None:
         async with connect(server, "prefill") as prefill, connect(server, "decode") as decode:
-            await prefill.nc.subscribe("_INBOX.gateway.>")
-            assert await prefill.refused("_INBOX.gateway.>")
+            await prefill.nc.subscribe("_INBOX.gateway-0.>")
+            assert await prefill.refused("_INBOX.gateway-0.>")
+            await prefill.nc.subscribe("_INBOX.prefill-1.>")  # nor its own role's
+            assert await prefill.refused("_INBOX.prefill-1.>")
             # allow_responses: a reply only to a request the responder received.
-            await decode.nc.publish("_INBOX.gateway.abc.1", b"forged reply")
-            assert await decode.refused("_INBOX.gateway.abc.1")
+            await decode.nc.publish("_INBOX.gateway-0.abc.1", b"forged reply")
+            assert await decode.refused("_INBOX.gateway-0.abc.1")
 
     asyncio.run(scenario())
 
@@ -159,12 +163,12 @@ ROUND_TRIPS: list[tuple[str, str, Callable[[str], str], bool, str]] = [
     ("decode", "prefill", subjects.peer_pins, False, ""),
     ("gateway", "prefill", subjects.replays, False, ""),
     ("gateway", "decode", subjects.replays, False, ""),
-    ("prefill", "gateway", subjects.gateway_checks, True, ""),
+    ("prefill", "gateway", subjects.gateway_checks, False, ""),
     ("decode", "gateway", subjects.gateway_checks, False, ""),
     ("tierd", "prefill", subjects.sinks, False, ""),
     ("tierd", "decode", subjects.sinks, False, ""),
-    ("prefill", "tierd", subjects.peer_pins, True, ""),
-    ("decode", "tierd", subjects.peer_pins, True, ""),
+    ("prefill", "tierd", subjects.peer_pins, False, ""),
+    ("decode", "tierd", subjects.peer_pins, False, ""),
 ]
 
 
@@ -177,7 +181,8 @@ def test_allowed_request_reply_round_trips(
     wildcard: bool,
     queue: str,
 ) -> None:
-    target = subject(uuid.uuid4().hex)
+    # A subject that names a node names the responder: nothing else is delivered to it.
+    target = subject(AS_ROLE[responder])
 
     async def scenario() -> None:
         async with connect(server, responder) as serving, connect(server, requester) as asking:
@@ -198,7 +203,7 @@ def test_the_bus_connects_with_the_credentials_and_its_inbox(server: NatsServer)
             )
             await scheduler.sync()
             bus = await NatsBus.connect(
-                server.url, "crescent-gw", **server.connect_options("gateway")
+                server.url, "crescent-gateway-0", **server.connect_options("gateway-0")
             )
             try:
                 assert bus.connected
@@ -206,5 +211,42 @@ def test_the_bus_connects_with_the_credentials_and_its_inbox(server: NatsServer)
                 assert reply.data == b"ack:x"
             finally:
                 await bus.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_node_user_cannot_connect_under_another_nodes_id(server: NatsServer) -> None:
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="NATS user is 'decode-1'"):
+            await NatsBus.connect(
+                server.url, "crescent-decode-0", **server.connect_options("decode-1")
+            )
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("user", "subject"),
+    [
+        ("decode-1", subjects.decode_tasks("decode-0")),
+        ("decode-1", subjects.peer_pins("decode-0")),
+        ("decode-1", subjects.replays("decode-0")),
+        ("decode-1", subjects.lease_releases("decode-0")),
+        ("decode-1", subjects.local_tasks("decode-0")),
+        ("prefill-1", subjects.prefill_tasks("prefill-0")),
+        ("prefill-1", subjects.sinks("prefill-0")),
+        ("gateway-0", subjects.gateway_checks("gateway-1")),
+    ],
+)
+def test_no_node_reads_what_is_addressed_to_another(
+    server: NatsServer, user: str, subject: str
+) -> None:
+    """Hand-offs (prompts, stream keys), pins, replays and lease tokens of one node are out of
+    reach of every other node, of the same role too."""
+
+    async def scenario() -> None:
+        async with connect(server, user) as other:
+            await other.nc.subscribe(subject)
+            assert await other.refused(subject)
 
     asyncio.run(scenario())

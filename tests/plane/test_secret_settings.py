@@ -8,13 +8,17 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from crescent.secret_files import new_secret
 from services.scheduler.config import SchedulerSettings
 from shared.nats_auth import NatsAuthSettings
 from shared.node.settings import NodeSettings
 from shared.secrets import (
     DEV_CACHE_SECRET,
     CacheMetaTokenSettings,
+    check_db_url,
+    check_password,
     dev_mode,
+    is_placeholder,
     log_prompts,
     loggable,
     read_secret_file,
@@ -199,3 +203,106 @@ def test_a_malformed_dev_mode_is_refused_without_the_secret(
     with pytest.raises(ValidationError, match="CRESCENT_DEV_MODE must be true or false") as info:
         settings(cache_secret=SECRET)
     assert SECRET not in error_text(info)
+
+
+#: Values that shipped in Crescent's compose and Kubernetes files, and a few written the same way.
+SHIPPED = [
+    "change-me-in-production",
+    "change-me-cachemeta-token",
+    "replace-me-cache-secret",
+    "trial-gateway-password",
+    "trial-s3-secret-key",
+    "crescent",
+    "Password",
+    "please-change-me-before-going-live",
+    "my-EXAMPLE-secret-0123456789",
+    DEV_CACHE_SECRET,
+]
+
+
+@pytest.mark.parametrize("value", SHIPPED)
+def test_known_placeholders_are_recognised(value: str) -> None:
+    assert is_placeholder(value)
+
+
+@pytest.mark.parametrize("value", [SECRET, PASSWORD, new_secret(), "cachemeta-test-token-5c1f0e"])
+def test_chosen_secrets_are_not_placeholders(value: str) -> None:
+    assert not is_placeholder(value)
+
+
+@pytest.mark.parametrize("value", [v for v in SHIPPED if len(v) >= 16 and v != DEV_CACHE_SECRET])
+@pytest.mark.usefixtures("production")
+def test_a_long_placeholder_cache_secret_is_refused_without_echoing_it(value: str) -> None:
+    with pytest.raises(ValidationError, match="known placeholder") as info:
+        NodeSettings(cache_secret=value)
+    assert value not in error_text(info)
+
+
+@pytest.mark.usefixtures("production")
+def test_a_placeholder_cachemeta_token_is_refused_from_a_file_too(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("change-me-cachemeta-token\n")
+    with pytest.raises(ValidationError, match="known placeholder"):
+        CacheMetaTokenSettings(cachemeta_token_file=token)
+
+
+def test_development_mode_still_takes_placeholders(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRESCENT_DEV_MODE", "true")
+    assert NodeSettings(cache_secret="change-me-in-production").cache_secret
+    assert check_password("crescent", "a password", dev=True) == "crescent"
+
+
+def test_a_database_url_with_a_default_password_is_refused_outside_development() -> None:
+    trial = "postgresql+asyncpg://crescent:crescent@postgres:5432/crescent"
+    with pytest.raises(ValidationError, match="the password in CRESCENT_DB_URL") as info:
+        check_db_url(trial, dev=False)
+    assert "crescent@" not in error_text(info)
+    encoded = "postgresql+asyncpg://crescent:change%2Dme@db/crescent"
+    with pytest.raises(ValidationError, match="known placeholder"):
+        check_db_url(encoded, dev=False)
+    assert check_db_url(trial, dev=True) == trial
+    chosen = f"postgresql+asyncpg://crescent:{new_secret()}@postgres:5432/crescent"
+    for url in (chosen, "sqlite+aiosqlite:///var/cache/crescent/cachemeta.db", "postgresql://db/x"):
+        assert check_db_url(url, dev=False) == url
+
+
+def test_a_placeholder_password_is_refused_whatever_its_length() -> None:
+    with pytest.raises(ValidationError, match="the S3 secret key is a known placeholder"):
+        check_password("trial-s3-secret-key", "the S3 secret key", dev=False)
+    assert check_password("short-but-chosen", "the S3 secret key", dev=False)
+
+
+def test_a_placeholder_nats_password_is_refused_from_a_file_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CRESCENT_DEV_MODE", "false")
+    path = tmp_path / "nats.password"
+    path.write_text("trial-decode-password\n")
+    for given in ({"nats_password": "change-me-nats-password"}, {"nats_password_file": path}):
+        with pytest.raises(ValidationError) as caught:
+            NatsAuthSettings(nats_user="decode-0", **given)
+        assert "placeholder" in str(caught.value) and "trial-decode" not in str(caught.value)
+
+
+def test_services_refuse_default_database_and_s3_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from services.cachemeta.config import CacheMetaSettings
+    from services.tierd.config import TierdSettings
+
+    monkeypatch.setenv("CRESCENT_DEV_MODE", "false")
+    with pytest.raises(ValidationError, match="placeholder") as caught:
+        CacheMetaSettings(
+            dev_mode=False,
+            cachemeta_token=new_secret(),  # type: ignore[arg-type]
+            db_url="postgresql+asyncpg://crescent:crescent@db:5432/crescent",
+        )
+    assert "crescent@" not in str(caught.value)
+    with pytest.raises(ValidationError, match="placeholder") as refused:
+        TierdSettings(
+            cache_secret=SECRET,
+            s3_endpoint="https://s3.example.net",
+            s3_access_key="AKIAREALKEY0123",  # type: ignore[arg-type]
+            s3_secret_key="change-me-s3-secret-key",  # type: ignore[arg-type]
+        )
+    assert "change-me" not in str(refused.value)

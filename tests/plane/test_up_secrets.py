@@ -13,7 +13,7 @@ import nats.errors
 import pytest
 
 from crescent import up, up_secrets
-from crescent.nats_config import TOOLS, USERS
+from crescent.nats_config import TOOLS
 from crescent.processes import stop_all
 from shared import subjects
 from shared.rpc.client import CacheMetaClient, CacheMetaError
@@ -60,14 +60,18 @@ def test_a_fresh_cachemeta_token_per_run(tmp_path: Path) -> None:
 
 def test_the_embedded_nats_takes_only_its_users(tmp_path: Path) -> None:
     env = dict(os.environ) | {"CRESCENT_NATS_PASSWORD": "inherited", "CRESCENT_NATS_USER": "x"}
-    child, url, auth = up._start_nats(tmp_path, env)
+    env["CRESCENT_HOST_ID"] = "h1"
+    nodes = up_secrets.stack_nodes(env, schedulers=1, prefill=2, decode=1)
+    child, url, auth = up._start_nats(tmp_path, env, nodes)
     try:
-        roles = up_secrets.nats_roles(env, auth)
+        identities = up_secrets.nats_identities(env, auth)
         assert "CRESCENT_NATS_PASSWORD" not in env and "CRESCENT_NATS_USER" not in env
-        assert set(roles) == set(USERS)
-        for user in USERS:
-            path = Path(roles[user]["CRESCENT_NATS_PASSWORD_FILE"])
-            assert roles[user]["CRESCENT_NATS_USER"] == user and mode(path) == 0o600
+        assert set(identities) == {
+            "gateway-0", "scheduler-0", "prefill-0", "prefill-1", "decode-0", "tierd-h1"
+        }  # fmt: skip
+        for user, identity in identities.items():
+            path = Path(identity["CRESCENT_NATS_PASSWORD_FILE"])
+            assert identity["CRESCENT_NATS_USER"] == user and mode(path) == 0o600
         assert mode(auth.config) == 0o600
 
         async def scenario() -> None:

@@ -252,7 +252,8 @@ def test_a_disconnected_node_gets_no_work_until_it_beats_again() -> None:
         async with scheduler(FakeCacheMeta()) as h:
             await h.nodes(beat("A", "prefill"), beat("B", "prefill", queued_tokens=5000),
                           beat("D", "decode"))  # fmt: skip
-            event = {"type": DISCONNECT_TYPE, "client": {"name": "crescent-A"}}
+            # The server names the authenticated user; a chosen name alone is no word.
+            event = {"type": DISCONNECT_TYPE, "client": {"name": "crescent-B", "user": "A"}}
             await h.bus.publish_raw(subjects.DISCONNECTS, json.dumps(event).encode())
             await h.bus.settle()
             reply = await h.send(generate("r-after-disconnect"))

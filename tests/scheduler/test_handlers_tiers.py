@@ -169,7 +169,7 @@ def test_a_tierd_stops_being_a_source_on_a_disconnect_or_silence() -> None:
             await h.nodes(prefill(), beat("D", "decode"), TIERD)
             await h.send(generate("r-before"))
             assert (await h.next_task())[1].pulls == nvme_pull()
-            event = {"type": DISCONNECT_TYPE, "client": {"name": "crescent-T"}}
+            event = {"type": DISCONNECT_TYPE, "client": {"name": "crescent-T", "user": "T"}}
             await h.bus.publish_raw(subjects.DISCONNECTS, json.dumps(event).encode())
             await h.bus.settle()
             await h.send(generate("r-disconnected", other_prompt(1)))

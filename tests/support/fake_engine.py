@@ -43,6 +43,7 @@ from shared.messages import (
     TokenLogprob,
 )
 from shared.model.tokenizer import Tokenizer
+from shared.stream_auth import seal_chunk
 
 # Multibyte characters on purpose: é and ö are one token each, the moon is split over three.
 REPLY = "Hello! Crescent says héllo wörld 🌙. The end."
@@ -204,6 +205,7 @@ class FakeEngine:
             if rid in self.aborts:
                 return
             chunk.node_id, chunk.epoch = node, self.epoch
+            seal_chunk(chunk, request.stream_key)
             self.sent[rid].append(chunk)
             if not (lose and chunk.index == 1):
                 await self.bus.publish(subject, chunk)

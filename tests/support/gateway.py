@@ -8,6 +8,7 @@ import time
 import uvicorn
 
 from services.gateway.config import GatewaySettings
+from services.gateway.http_server import server_config
 from services.gateway.main import GatewayService
 from tests.support.loop import BackgroundLoop
 
@@ -31,9 +32,8 @@ class ServedGateway:
 
     def start(self, timeout_s: float = 30) -> ServedGateway:
         app = self.loop.run(self.service.start(), timeout_s)
-        config = uvicorn.Config(
-            app, host="127.0.0.1", port=0, lifespan="off", log_level="warning", log_config=None
-        )
+        limits = self.service.settings.connection_limits
+        config = server_config(app, "127.0.0.1", 0, limits, log_level="warning")
         self._server = uvicorn.Server(config)
         self._serving = self.loop.submit(self._server.serve())
         deadline = time.monotonic() + timeout_s

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from crescent.nats_config import NatsAuthFiles, write_nats_auth
 
@@ -72,16 +73,18 @@ class NatsServer:
         jetstream: bool = True,
         timeout_s: float = 10,
         auth: bool | NatsAuthFiles = False,
+        nodes: dict[str, str] | None = None,
     ) -> NatsServer:
-        """``auth=True`` generates users and passwords in ``store_dir/auth``; passing the
-        ``auth`` of an earlier server restarts with the same ones."""
+        """``auth=True`` generates users and passwords in ``store_dir/auth``, one per node of
+        ``nodes`` (node id -> role), else one per role; passing the ``auth`` of an earlier
+        server restarts with the same ones."""
         port = port or free_port()
         argv = [str(nats_server_binary()), "-a", "127.0.0.1", "-p", str(port)]
         if jetstream:
             argv += ["-js", "-sd", str(store_dir)]
         files = None if auth is False else auth
         if auth is True:
-            files = write_nats_auth(store_dir / "auth", jetstream=jetstream)
+            files = write_nats_auth(store_dir / "auth", nodes=nodes, jetstream=jetstream)
         if isinstance(files, NatsAuthFiles):
             argv += ["-c", str(files.config)]
         process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -97,7 +100,7 @@ class NatsServer:
         """The variables that make a Crescent service connect as ``user``; none without auth."""
         return {} if self.auth is None else self.auth.env(user)
 
-    def connect_options(self, user: str) -> dict[str, str]:
+    def connect_options(self, user: str) -> dict[str, Any]:
         """Keyword arguments of ``nats.connect`` (or ``NatsBus.connect``) for ``user``."""
         return {} if self.auth is None else self.auth.connect_options(user)
 

@@ -24,6 +24,7 @@ import botocore.session
 from botocore.client import BaseClient
 
 from crescent.s3_server import COMPONENTS, GRPC_OFFSET, weed_binary
+from tests.support.s3_tls import S3Tls
 
 # Below the kernel's ephemeral range (32768+), so outgoing connections never take them while
 # a server is stopped and started again on the same ports (``crescent.s3_server`` picks any
@@ -67,11 +68,14 @@ class WeedS3:
     access_key: str = field(default_factory=lambda: "ak" + secrets.token_hex(8))
     secret_key: str = field(default_factory=lambda: secrets.token_hex(20))
     process: subprocess.Popen[bytes] | None = None
+    #: Serve S3 over https with this certificate (its CA is what clients must trust).
+    tls: S3Tls | None = None
 
     @classmethod
-    def start(cls, data_dir: Path, timeout_s: float = 30) -> WeedS3:
+    def start(cls, data_dir: Path, timeout_s: float = 30, tls: S3Tls | None = None) -> WeedS3:
         data_dir.mkdir(parents=True, exist_ok=True)
-        server = cls(data_dir, dict(zip(COMPONENTS, free_port_pairs(len(COMPONENTS)), strict=True)))
+        ports = dict(zip(COMPONENTS, free_port_pairs(len(COMPONENTS)), strict=True))
+        server = cls(data_dir, ports, tls=tls)
         server.start_again(timeout_s)
         return server
 
@@ -81,7 +85,8 @@ class WeedS3:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.ports['s3']}"
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.ports['s3']}"
 
     @property
     def log_path(self) -> Path:
@@ -109,7 +114,13 @@ class WeedS3:
             "-master.telemetry=false",
             f"-s3.localSocket={self.data_dir / 's3.sock'}",
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
+            *self._tls_flags(),
         ]
+
+    def _tls_flags(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [f"-s3.cert.file={self.tls.cert}", f"-s3.key.file={self.tls.key}"]
 
     def start_again(self, timeout_s: float = 30) -> None:
         """Starts the server on the same ports, credentials and data; returns once S3 answers
@@ -144,6 +155,7 @@ class WeedS3:
             aws_secret_access_key=secret_key or self.secret_key,
             region_name="us-east-1",
             config=config,
+            verify=str(self.tls.ca) if self.tls is not None else None,
         )
 
     def _wait_ready(self, timeout_s: float) -> None:

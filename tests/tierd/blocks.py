@@ -7,6 +7,9 @@ import time
 
 from shared.kv.block_file import BlockHeader, Layout
 from shared.kv.hashing import block_checksum, hash_block_tokens, root_hash
+from shared.kv.seal import BlockSeal
+from shared.kv.tiers import NVME, S3
+from shared.secrets import DEV_CACHE_SECRET
 
 MODEL = "test-model"
 BLOCK_SIZE = 4
@@ -52,3 +55,8 @@ def make_chain(length: int, num_bytes: int = 256, seed: int = 0) -> list[tuple[B
 
 def layout_of(header: BlockHeader) -> Layout:
     return Layout(header.model_id, header.block_size, header.kv_dtype, header.num_bytes)
+
+
+#: The keys the stores use by default (the development cache secret's), per tier.
+NVME_SEAL = BlockSeal(DEV_CACHE_SECRET, NVME)
+S3_SEAL = BlockSeal(DEV_CACHE_SECRET, S3)

@@ -20,12 +20,15 @@ from shared.kv.block_file import (
     decode_header,
     encode_header,
     pack,
-    read_file,
-    read_header,
-    read_into,
-    verify_payload,
 )
+from shared.kv.block_io import read_file, read_header, read_into
+from shared.kv.seal import BlockSeal
+from shared.kv.tiers import NVME, S3
+from shared.secrets import DEV_CACHE_SECRET
 from tests.tierd.blocks import layout_of, make_block
+
+SEAL = BlockSeal(DEV_CACHE_SECRET, NVME)
+PLAIN = BlockSeal(DEV_CACHE_SECRET, NVME, encrypt=False)
 
 
 def _random_header(rng: random.Random) -> BlockHeader:
@@ -48,29 +51,31 @@ def test_headers_round_trip() -> None:
     rng = random.Random(7)
     for _ in range(300):
         header = _random_header(rng)
-        encoded = encode_header(header)
-        assert decode_header(encoded) == (header, len(encoded))
+        encoded = encode_header(header, SEAL)
+        assert decode_header(encoded, SEAL) == (header, len(encoded))
         assert block_file.header_size(encoded[:PREFIX_BYTES]) == len(encoded)
         # Trailing bytes (the payload) do not change what the header says.
-        assert decode_header(encoded + b"payload") == (header, len(encoded))
+        assert decode_header(encoded + b"payload", SEAL) == (header, len(encoded))
 
 
-def test_pack_is_header_then_payload() -> None:
-    header, payload = make_block(1000)
-    data = pack(header, payload)
-    decoded, offset = decode_header(data)
-    assert decoded == header
-    assert data[offset:] == payload
-    verify_payload(decoded, memoryview(data)[offset:])
-    assert block_file.packed_size(header) == len(data)
+@pytest.mark.parametrize("seal", [SEAL, PLAIN], ids=["encrypted", "tagged"])
+def test_pack_is_header_then_sealed_payload(seal: BlockSeal) -> None:
+    header, payload = make_block(1000, quota_key=b"tenant")
+    data = pack(header, payload, seal)
+    decoded, _ = decode_header(data, seal)
+    assert decoded == header and decoded.encrypted == seal.encrypt
+    assert (payload in data) != seal.encrypt
+    assert block_file.unpack(data, header.block_hash, seal) == (header, bytearray(payload))
+    assert block_file.packed_size(header, seal.encrypt) == len(data)
+    assert block_file.packed_size(decoded) == len(data)
 
 
 def test_pack_refuses_a_payload_that_does_not_match() -> None:
     header, payload = make_block(100)
     with pytest.raises(BlockFormatError, match="checksum"):
-        pack(header, payload[:-1] + bytes([payload[-1] ^ 1]))
+        pack(header, payload[:-1] + bytes([payload[-1] ^ 1]), SEAL)
     with pytest.raises(BlockFormatError, match="payload is 99 bytes"):
-        pack(header, payload[:-1])
+        pack(header, payload[:-1], SEAL)
 
 
 @pytest.mark.parametrize(
@@ -88,70 +93,101 @@ def test_pack_refuses_a_payload_that_does_not_match() -> None:
 def test_encode_refuses_what_no_reader_could_accept(change: dict[str, object]) -> None:
     header, _ = make_block(10)
     with pytest.raises(ValueError):
-        encode_header(dataclasses.replace(header, **change))  # type: ignore[arg-type]
+        encode_header(dataclasses.replace(header, **change), SEAL)  # type: ignore[arg-type]
 
 
 def test_every_truncation_is_refused(tmp_path: Path) -> None:
     header, payload = make_block(64)
-    data = pack(header, payload)
-    header_len = len(encode_header(header))
+    data = pack(header, payload, SEAL)
+    header_len = len(encode_header(header, SEAL))
     path = tmp_path / "b.blk"
     dest = memoryview(bytearray(64))
     for cut in range(len(data)):
         if cut < header_len:
             with pytest.raises(BlockFormatError):
-                decode_header(data[:cut])
+                decode_header(data[:cut], SEAL)
         path.write_bytes(data[:cut])
         with pytest.raises(BlockFormatError):
-            read_into(path, dest, header.block_hash, layout_of(header))
+            read_into(path, dest, header.block_hash, layout_of(header), SEAL)
         with pytest.raises(BlockFormatError):
-            read_file(path, header.block_hash)
+            read_file(path, header.block_hash, SEAL)
 
 
-def _check_whole(data: bytes, block_hash: bytes) -> None:
-    header, offset = decode_header(data)
-    block_file.verify_identity(header, block_hash)
-    verify_payload(header, memoryview(data)[offset:])
-
-
+@pytest.mark.parametrize("seal", [SEAL, PLAIN], ids=["encrypted", "tagged"])
 @pytest.mark.parametrize("bit", [0x01, 0x80])
-def test_a_flipped_bit_anywhere_is_refused(tmp_path: Path, bit: int) -> None:
+def test_a_flipped_bit_anywhere_is_refused(tmp_path: Path, bit: int, seal: BlockSeal) -> None:
     header, payload = make_block(48, quota_key=b"tenant")
-    data = pack(header, payload)
+    data = pack(header, payload, seal)
     path = tmp_path / "b.blk"
     dest = memoryview(bytearray(48))
     for i in range(len(data)):
         bad = bytearray(data)
         bad[i] ^= bit
         with pytest.raises(BlockFormatError):
-            _check_whole(bytes(bad), header.block_hash)
+            block_file.unpack(bytes(bad), header.block_hash, seal)
         path.write_bytes(bad)
         with pytest.raises(BlockFormatError):
-            read_into(path, dest, header.block_hash, layout_of(header))
+            read_into(path, dest, header.block_hash, layout_of(header), seal)
+
+
+@pytest.mark.parametrize("seal", [SEAL, PLAIN], ids=["encrypted", "tagged"])
+def test_a_forged_block_with_a_matching_checksum_is_refused(seal: BlockSeal) -> None:
+    """Whoever can write the store but lacks the cache secret: a block made with another
+    secret (its own xxh3 checksum right), the same block claimed by another tier or another
+    hash, or another block's payload behind this header, are all refused."""
+    header, payload = make_block(64, quota_key=b"tenant")
+    mallory = BlockSeal("not-the-cache-secret", NVME, encrypt=seal.encrypt)
+    with pytest.raises(BlockFormatError, match="tag"):
+        block_file.unpack(pack(header, payload, mallory), header.block_hash, seal)
+    s3 = BlockSeal(DEV_CACHE_SECRET, S3, encrypt=seal.encrypt)
+    with pytest.raises(BlockFormatError, match="tag"):
+        block_file.unpack(pack(header, payload, s3), header.block_hash, seal)
+    other, other_payload = make_block(64, first_token=9, quota_key=b"tenant")
+    head = encode_header(header, seal)
+    foreign = pack(other, other_payload, seal)[len(encode_header(other, seal)) :]
+    with pytest.raises(BlockFormatError):
+        block_file.unpack(head + foreign, header.block_hash, seal)
+
+
+def test_tenants_have_their_own_keys_and_no_token_id_is_stored_in_clear() -> None:
+    header, payload = make_block(64, quota_key=b"tenant-a", first_token=0x41424344)
+    data = pack(header, payload, SEAL)
+    assert b"DCBA" not in data  # the first token id, packed little-endian
+    as_b = bytearray(data)
+    # Relabelling the block as another tenant's (a quota key of the same length) makes the
+    # header tag fail; a store writer cannot re-tag without the secret.
+    at = as_b.index(b"tenant-a")
+    as_b[at : at + 8] = b"tenant-b"
+    with pytest.raises(BlockFormatError):
+        block_file.unpack(bytes(as_b), header.block_hash, SEAL)
+    assert b"DCBA" in pack(header, payload, PLAIN)
 
 
 def test_extra_bytes_after_the_payload_are_refused(tmp_path: Path) -> None:
     header, payload = make_block(32)
     path = tmp_path / "b.blk"
-    path.write_bytes(pack(header, payload) + b"\0")
+    path.write_bytes(pack(header, payload, SEAL) + b"\0")
     with pytest.raises(BlockFormatError, match="after the payload"):
-        read_file(path, header.block_hash)
+        read_file(path, header.block_hash, SEAL)
 
 
 def _prefix(magic: bytes = b"CKVB", version: int = FORMAT_VERSION, body_len: int = 100) -> bytes:
-    return struct.pack("<4sHHIQ", magic, version, 0, body_len, 0)
+    return struct.pack("<4sHHI16s", magic, version, 0, body_len, bytes(16))
 
 
 def test_foreign_and_newer_files_are_refused() -> None:
     header, payload = make_block(16)
-    data = bytearray(pack(header, payload))
+    data = bytearray(pack(header, payload, SEAL))
     with pytest.raises(BlockFormatError, match="magic"):
-        decode_header(b"PK\x03\x04" + bytes(data[4:]))
+        decode_header(b"PK\x03\x04" + bytes(data[4:]), SEAL)
     data[4:6] = struct.pack("<H", FORMAT_VERSION + 1)
-    with pytest.raises(BlockFormatError, match="newer format version 2"):
-        decode_header(bytes(data))
+    with pytest.raises(BlockFormatError, match=f"newer format version {FORMAT_VERSION + 1}"):
+        decode_header(bytes(data), SEAL)
+    data[4:6] = struct.pack("<H", 1)
+    with pytest.raises(BlockFormatError, match="older or unknown format version 1"):
+        decode_header(bytes(data), SEAL)
     with pytest.raises(BlockFormatError, match="implausible"):
-        decode_header(_prefix(body_len=MAX_HEADER_BYTES))
+        decode_header(_prefix(body_len=MAX_HEADER_BYTES), SEAL)
     with pytest.raises(BlockFormatError, match="implausible"):
         block_file.header_size(_prefix(body_len=3))
 
@@ -159,17 +195,17 @@ def test_foreign_and_newer_files_are_refused() -> None:
 def test_read_into_fills_dest_and_checks_hash_and_layout(tmp_path: Path) -> None:
     header, payload = make_block(300)
     path = tmp_path / "b.blk"
-    path.write_bytes(pack(header, payload))
+    path.write_bytes(pack(header, payload, SEAL))
     dest = bytearray(b"\xff" * 400)
-    got = read_into(path, memoryview(dest), header.block_hash, layout_of(header))
+    got = read_into(path, memoryview(dest), header.block_hash, layout_of(header), SEAL)
     assert got == header
     assert dest[:300] == payload and dest[300:] == b"\xff" * 100
-    assert read_file(path, header.block_hash) == (header, bytearray(payload))
-    assert read_header(path, header.block_hash) == (header, len(pack(header, payload)))
+    assert read_file(path, header.block_hash, SEAL) == (header, bytearray(payload))
+    assert read_header(path, header.block_hash, SEAL) == (header, len(pack(header, payload, SEAL)))
 
     other, _ = make_block(300, first_token=99)
     with pytest.raises(BlockFormatError, match="holds block"):
-        read_into(path, memoryview(dest), other.block_hash, layout_of(header))
+        read_into(path, memoryview(dest), other.block_hash, layout_of(header), SEAL)
     expected = layout_of(header)
     for layout in (
         dataclasses.replace(expected, model_id="x"),
@@ -177,18 +213,18 @@ def test_read_into_fills_dest_and_checks_hash_and_layout(tmp_path: Path) -> None
         dataclasses.replace(expected, kv_dtype="float16"),
     ):
         with pytest.raises(LayoutMismatch):
-            read_into(path, memoryview(dest), header.block_hash, layout)
+            read_into(path, memoryview(dest), header.block_hash, layout, SEAL)
     bigger = dataclasses.replace(layout_of(header), num_bytes=301)
     with pytest.raises(LayoutMismatch):
-        read_into(path, memoryview(dest), header.block_hash, bigger)
+        read_into(path, memoryview(dest), header.block_hash, bigger, SEAL)
 
 
 def test_read_into_refuses_a_short_dest(tmp_path: Path) -> None:
     header, payload = make_block(300)
     path = tmp_path / "b.blk"
-    path.write_bytes(pack(header, payload))
+    path.write_bytes(pack(header, payload, SEAL))
     with pytest.raises(ValueError, match="dest holds"):
-        read_into(path, memoryview(bytearray(299)), header.block_hash, layout_of(header))
+        read_into(path, memoryview(bytearray(299)), header.block_hash, layout_of(header), SEAL)
 
 
 def test_names_and_keys() -> None:

@@ -236,13 +236,35 @@ def test_a_malformed_endpoint_is_not_echoed(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.parametrize(
-    "endpoint", ["https://s3.example.com", "http://[::1]:8333", "http://s3:8333/"]
+    "endpoint", ["https://s3.example.com", "http://[::1]:8333", "http://localhost:8333/"]
 )
 def test_well_formed_endpoints_pass(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
     with_s3(monkeypatch, s3_access_key=ACCESS_KEY, s3_secret_key=SECRET_KEY)
     monkeypatch.setenv("CRESCENT_S3_ENDPOINT", endpoint)
     config = TierdSettings().s3_config()
     assert config is not None and config.endpoint == endpoint
+
+
+def test_plain_http_off_loopback_needs_an_explicit_yes(monkeypatch: pytest.MonkeyPatch) -> None:
+    with_s3(monkeypatch, s3_access_key=ACCESS_KEY, s3_secret_key=SECRET_KEY)
+    monkeypatch.setenv("CRESCENT_S3_ENDPOINT", "http://s3:8333/")
+    with pytest.raises(ValidationError, match="plain http to a host that is not loopback"):
+        TierdSettings()
+    monkeypatch.setenv("CRESCENT_S3_ALLOW_HTTP", "true")
+    config = TierdSettings().s3_config()
+    assert config is not None and config.endpoint == "http://s3:8333/"
+
+
+def test_a_ca_bundle_is_checked_at_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    with_s3(monkeypatch, s3_access_key=ACCESS_KEY, s3_secret_key=SECRET_KEY)
+    monkeypatch.setenv("CRESCENT_S3_ENDPOINT", "https://s3.example.com")
+    monkeypatch.setenv("CRESCENT_S3_CA_BUNDLE", str(tmp_path / "none.pem"))
+    with pytest.raises(ValidationError, match="CRESCENT_S3_CA_BUNDLE"):
+        TierdSettings()
+    (tmp_path / "ca.pem").write_text("pem")
+    monkeypatch.setenv("CRESCENT_S3_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    config = TierdSettings().s3_config()
+    assert config is not None and config.ca_bundle == str(tmp_path / "ca.pem")
 
 
 @pytest.mark.parametrize(

@@ -57,7 +57,7 @@ def test_a_full_nvme_tier_evicts_around_a_kept_chain_and_refuses_when_only_it_is
 ) -> None:
     kept = make_chain(2, seed=1)
     others = [make_block(256, first_token=1000 + 10 * i) for i in range(4)]
-    capacity = 3 * packed_size(kept[0][0])
+    capacity = 3 * packed_size(kept[0][0], True)
 
     async def scenario() -> None:
         nvme = NvmeStore(tmp_path, capacity, fsync=False)

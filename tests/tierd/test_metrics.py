@@ -49,7 +49,7 @@ def test_capacity_and_ttl_evictions_are_counted_by_policy_tier_and_reason(
     tmp_path: Path,
 ) -> None:
     blocks = [make_block(256, first_token=i * 4) for i in range(5)]
-    capacity = 3 * packed_size(blocks[0][0])
+    capacity = 3 * packed_size(blocks[0][0], True)
 
     async def scenario() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         nvme = NvmeStore(tmp_path, capacity, fsync=False)

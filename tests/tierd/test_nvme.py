@@ -13,7 +13,7 @@ from services.tierd.nvme import NvmeStore
 from services.tierd.store_index import StoreFull
 from shared.kv import block_file
 from shared.kv.block_file import BlockFormatError, LayoutMismatch
-from tests.tierd.blocks import layout_of, make_block, make_chain
+from tests.tierd.blocks import NVME_SEAL, layout_of, make_block, make_chain
 
 
 def test_put_get_and_the_index(tmp_path: Path) -> None:
@@ -53,7 +53,7 @@ def test_put_get_and_the_index(tmp_path: Path) -> None:
 def test_capacity_is_never_exceeded(tmp_path: Path) -> None:
     async def scenario() -> None:
         header, payload = make_block(1000, first_token=50)
-        size = block_file.packed_size(header)
+        size = block_file.packed_size(header, True)
         store = NvmeStore(tmp_path, capacity_bytes=5 * size)
         blocks = [make_block(1000, first_token=i) for i in range(8)]
         results = await asyncio.gather(
@@ -89,7 +89,7 @@ def test_a_corrupt_file_is_refused_and_removed(tmp_path: Path) -> None:
         data = bytearray(path.read_bytes())
         data[-7] ^= 0x10
         path.write_bytes(data)
-        with pytest.raises(BlockFormatError, match="checksum"):
+        with pytest.raises(BlockFormatError, match="authentication"):
             await store.get(header.block_hash)
         assert not path.exists() and not store.contains(header.block_hash)
         assert store.used_bytes == 0
@@ -126,7 +126,7 @@ def test_scan_keeps_good_blocks_and_removes_the_rest(tmp_path: Path) -> None:
         stray, stray_payload = make_block(300, first_token=777)
         misnamed = tmp_path / block_file.file_name(bytes.fromhex("ab" * 16))
         misnamed.parent.mkdir(exist_ok=True)
-        misnamed.write_bytes(block_file.pack(stray, stray_payload))
+        misnamed.write_bytes(block_file.pack(stray, stray_payload, NVME_SEAL))
         (misnamed.parent / "zz.blk").write_bytes(b"")
         leftover = truncated.parent / f".{truncated.stem}.dead.tmp"
         leftover.write_bytes(b"half a block")

@@ -13,7 +13,7 @@ from services.tierd.s3 import S3Config, S3Store, S3Unavailable
 from shared.kv import block_file
 from shared.kv.block_file import BlockFormatError
 from tests.support.s3 import WeedS3, free_port_pairs
-from tests.tierd.blocks import make_block, make_chain
+from tests.tierd.blocks import S3_SEAL, make_block, make_chain
 
 
 async def _started(config: S3Config) -> S3Store:
@@ -29,7 +29,7 @@ def test_put_get_delete(s3_config: S3Config, s3_server: WeedS3) -> None:
             chain = make_chain(3, num_bytes=5000)
             await asyncio.gather(*(store.put(h, p) for h, p in chain))
             assert store.num_blocks == 3
-            assert store.used_bytes == sum(len(block_file.pack(h, p)) for h, p in chain)
+            assert store.used_bytes == sum(len(block_file.pack(h, p, S3_SEAL)) for h, p in chain)
             assert store.headers() == {h.block_hash: h for h, _ in chain}
             for header, payload in chain:
                 assert await store.get(header.block_hash) == (header, bytearray(payload))
@@ -66,13 +66,14 @@ def test_an_empty_prefix_keys_objects_by_hash_alone(
 
     asyncio.run(scenario())
     body = s3_server.client().get_object(Bucket="tierd-flat", Key=header.block_hash.hex())
-    assert body["Body"].read() == block_file.pack(header, payload)
+    stored = body["Body"].read()
+    assert block_file.unpack(stored, header.block_hash, S3_SEAL) == (header, bytearray(payload))
 
 
 def test_a_corrupt_object_is_refused_and_deleted(s3_config: S3Config, s3_server: WeedS3) -> None:
     header, payload = make_block(2000)
     key = block_file.object_key(s3_config.prefix, header.block_hash)
-    data = bytearray(block_file.pack(header, payload))
+    data = bytearray(block_file.pack(header, payload, S3_SEAL))
     data[100] ^= 0x04
 
     async def scenario() -> None:
@@ -102,13 +103,15 @@ def test_scan_indexes_good_objects_and_deletes_bad_ones(
         await writer.close()
         # chain[2] truncated, chain[3] garbage, chain[4] an empty object; a valid block
         # under another block's key; keys that are not block hashes stay.
-        whole = block_file.pack(*chain[2])
+        whole = block_file.pack(*chain[2], S3_SEAL)
         sync.put_object(Bucket=s3_config.bucket, Key=key(chain[2][0]), Body=whole[:-10])
         sync.put_object(Bucket=s3_config.bucket, Key=key(chain[3][0]), Body=b"x" * 50)
         sync.put_object(Bucket=s3_config.bucket, Key=key(chain[4][0]), Body=b"")
         stray = make_block(3000, first_token=999)
         misplaced = f"{prefix}/{'cd' * 16}"
-        sync.put_object(Bucket=s3_config.bucket, Key=misplaced, Body=block_file.pack(*stray))
+        sync.put_object(
+            Bucket=s3_config.bucket, Key=misplaced, Body=block_file.pack(*stray, S3_SEAL)
+        )
         sync.put_object(Bucket=s3_config.bucket, Key=f"{prefix}/manifest.json", Body=b"{}")
         sync.put_object(Bucket=s3_config.bucket, Key=f"{prefix}/nested/{'ef' * 16}", Body=b"x")
 
@@ -119,7 +122,7 @@ def test_scan_indexes_good_objects_and_deletes_bad_ones(
         assert (
             result.valid_bytes
             == store.used_bytes
-            == sum(len(block_file.pack(*b)) for b in chain[:2])
+            == sum(len(block_file.pack(*b, S3_SEAL)) for b in chain[:2])
         )
         reasons = {r.name: r.reason for r in result.removed}
         assert set(reasons) == {key(chain[2][0]), key(chain[3][0]), key(chain[4][0]), misplaced}

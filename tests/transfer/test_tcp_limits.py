@@ -20,6 +20,7 @@ import pytest
 
 from shared.transfer import wire
 from shared.transfer.tcp import TcpTransferServer, decode_address, recv_exactly
+from shared.transfer.tcp_channel import PlainChannel
 from shared.transfer.tcp_client import TcpTransferClient
 from shared.transfer.wire import PullRequest, Status
 
@@ -184,9 +185,9 @@ async def reply_to(server: TcpTransferServer, message: bytes) -> wire.Reply:
         await loop.sock_sendall(sock, message)
         async with asyncio.timeout(2.0):
             head = memoryview(bytearray(wire.REPLY_HEAD_BYTES))
-            await recv_exactly(loop, sock, head)
+            await recv_exactly(PlainChannel(sock), head)
             text = memoryview(bytearray(wire.reply_message_bytes(head)))
-            await recv_exactly(loop, sock, text)
+            await recv_exactly(PlainChannel(sock), text)
     finally:
         sock.close()
     return wire.decode_reply(bytes(head) + bytes(text))

@@ -28,7 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos import Harness, Live, open_harness, stories
 from bench.faults import Stack, Tally
+from crescent.certs import LOOPBACK_IPS, write_cert
+from crescent.nats_tls import tls_section
 from crescent.procfs import environ_of
+from shared.tls import TlsSettings
 
 __all__ = ["Tally", "namespace", "open_partitioned", "partition", "start", "stop", "supported"]
 from tests.support.nats import free_port, nats_server_binary
@@ -91,16 +94,25 @@ class Partitioned:
     stack: Stack
     node: subprocess.Popen[bytes]
     nats: subprocess.Popen[bytes]
+    tls: TlsSettings
 
 
 def start(data_dir: Path, cache_dir: Path) -> Partitioned:
+    """The stack on the host's end of the link, over TLS (its links leave loopback): one
+    certificate of a CA of its own names every address the services dial."""
+    certs = write_cert(data_dir / "tls", "partition", ips=(*LOOPBACK_IPS, HOST_IP, NODE_IP))
+    tls = TlsSettings(
+        tls="on", tls_ca_file=certs.ca, tls_cert_file=certs.cert, tls_key_file=certs.key
+    )
+    config = data_dir / "nats.conf"
+    config.write_text(f"tls: {json.dumps(tls_section(tls)['tls'])}\n")
     port = free_port()
     nats = subprocess.Popen(
-        [str(nats_server_binary()), "-a", HOST_IP, "-p", str(port)],
+        [str(nats_server_binary()), "-c", str(config), "-a", HOST_IP, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    env = {
+    env = certs.env() | {
         "CRESCENT_CACHE_DIR": str(cache_dir),
         "CRESCENT_NATS_URL": f"nats://{HOST_IP}:{port}",
         "CRESCENT_TRANSFER": "tcp",
@@ -122,7 +134,7 @@ def start(data_dir: Path, cache_dir: Path) -> Partitioned:
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    return Partitioned(stack, node, nats)
+    return Partitioned(stack, node, nats, tls)
 
 
 async def partition(h: Harness) -> tuple[Tally, float]:
@@ -158,7 +170,8 @@ def _running(h: Harness, node_id: str) -> int:
 
 
 async def open_partitioned(p: Partitioned) -> Harness:
-    return await open_harness(p.stack, ("prefill-0", "decode-0", NODE), nats_auth={})
+    nodes = ("prefill-0", "decode-0", NODE)
+    return await open_harness(p.stack, nodes, nats_auth={}, tls=p.tls)
 
 
 def stop(p: Partitioned) -> None:

@@ -146,7 +146,9 @@ def test_engine_steps_of_one_token_rows_run_fused_and_give_the_same_tokens(
     assert [o.output_token_ids for o in outputs] == [o.output_token_ids for o in reference]
 
 
-def test_a_mixed_step_runs_op_by_op(make_real_engine: RealEngineFactory) -> None:
+def test_a_mixed_step_runs_op_by_op(
+    make_real_engine: RealEngineFactory, fused: FusedDecoder
+) -> None:
     engine = make_real_engine(num_kv_blocks=200)
     runner = engine.runner
     engine.add_request("a", random_prompts((40,), seed=4)[0], GREEDY)

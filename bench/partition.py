@@ -120,7 +120,12 @@ def start(data_dir: Path, cache_dir: Path) -> Partitioned:
         "CRESCENT_KV_CACHE_MB": "256",
         "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
     }
-    stack = Stack.start(data_dir / "stack", env, ("--prefill", "1", "--decode", "1"))
+    try:
+        stack = Stack.start(data_dir / "stack", env, ("--prefill", "1", "--decode", "1"))
+    except BaseException:
+        nats.kill()  # nothing else would stop it
+        nats.wait()
+        raise
     node_env = environ_of(stack.children()["decode-0"]) | {
         "CRESCENT_NODE_ID": NODE,
         "CRESCENT_CHILD_NAME": NODE,

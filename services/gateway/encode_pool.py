@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from array import array
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -25,9 +28,22 @@ _STEP = 32 * 1024
 _LOADED: Tokenizer | None = None
 
 
-def _load(path: str) -> None:
+#: How often the worker looks whether the gateway that started it is still there.
+_PARENT_CHECK_S = 1.0
+
+
+def _load(path: str, parent: int) -> None:
     global _LOADED
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     _LOADED = Tokenizer.from_dir(Path(path))
+
+
+def _exit_with(parent: int) -> None:
+    """Ends the worker once its gateway is gone: a gateway killed with SIGKILL never shuts
+    its pool down, and the worker would wait on its queue for ever."""
+    while os.getppid() == parent:
+        time.sleep(_PARENT_CHECK_S)
+    os._exit(0)
 
 
 def _ready() -> bool:
@@ -61,7 +77,7 @@ class PooledTokenizer(Tokenizer):
     def offload(self, path: Path, min_chars: int = MIN_CHARS) -> None:
         """Starts the worker on the tokenizer files in ``path``."""
         context = multiprocessing.get_context("spawn")  # never fork a process with threads
-        self._pool = ProcessPoolExecutor(1, context, _load, (str(path),))
+        self._pool = ProcessPoolExecutor(1, context, _load, (str(path), os.getpid()))
         self._min_chars = min_chars
         self._pool.submit(_ready)  # starts it now, not on the first long prompt
 

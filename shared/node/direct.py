@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shared import subjects
 from shared.kv.block_file import BlockFormatError, Layout, file_name
 from shared.kv.block_io import read_into
 from shared.kv.hashing import BlockHash
@@ -25,7 +26,9 @@ from shared.model.kv_cache import PagedKVCache
 from shared.node.puller import FetchBandwidth
 
 if TYPE_CHECKING:
+    from shared.engine.engine import LLMEngine
     from shared.node.metrics import NodeMetrics
+    from shared.node.settings import NodeSettings
 
 log = logging.getLogger(__name__)
 #: One fetch in this many takes the path that measured slower, to keep measuring it.
@@ -127,3 +130,17 @@ class DirectReader:
                 break
             read.checksums.append(header.checksum)
         return read
+
+
+def direct_reader(
+    settings: NodeSettings, engine: LLMEngine, cache: PagedKVCache
+) -> DirectReader | None:
+    """The reader of this host's tierd's NVMe files for a node, None without
+    ``CRESCENT_NVME_DIR``. It only reads: whether new writes are encrypted is tierd's setting."""
+    if not settings.nvme_dir:
+        return None
+    config = engine.config
+    layout = Layout(engine.model_id, config.block_size, config.kv_dtype, cache.layout.block_bytes)
+    tierd_id = settings.tierd_id or f"tierd-{subjects.host_id(settings.host_id)}"
+    seal = BlockSeal(settings.cache_secret, NVME)
+    return DirectReader(Path(settings.nvme_dir), tierd_id, cache, layout, seal)

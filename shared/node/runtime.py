@@ -11,7 +11,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Coroutine
-from pathlib import Path
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
@@ -24,18 +23,14 @@ from shared.cluster_messages import (
     PinRequest,
     SinkDone,
     SinkRequest,
-    StepSample,
     TaskAck,
 )
 from shared.engine.engine import LLMEngine
 from shared.engine.factory import load_engine
 from shared.engine.probe import probe_speed, probe_tokens
-from shared.engine.types import RequestOutput, StepTiming
+from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.heartbeat import heartbeat_loop
-from shared.kv.block_file import Layout
-from shared.kv.seal import BlockSeal
-from shared.kv.tiers import NVME
 from shared.messages import (
     AbortRequest,
     GenerateRequest,
@@ -43,11 +38,10 @@ from shared.messages import (
     ReplayRequest,
     TokenChunk,
 )
-from shared.model.kv_cache import PagedKVCache
 from shared.node import spans
 from shared.node.catalogue import CatalogueSync
 from shared.node.chunks import error_chunk
-from shared.node.direct import DirectReader
+from shared.node.direct import DirectReader, direct_reader
 from shared.node.engine_host import EngineHost, engine_thread
 from shared.node.keeps import NodeKeeps
 from shared.node.ledger import Ledger
@@ -56,6 +50,7 @@ from shared.node.pins import BlockServer
 from shared.node.puller import BlockPuller
 from shared.node.settings import NodeSettings
 from shared.node.sink import SinkServer
+from shared.node.status import fill_status
 from shared.node.upkeep import Upkeep
 from shared.ops_http import OpsServer
 from shared.sampling_params import SamplingParams
@@ -141,7 +136,7 @@ class NodeRuntime:
         self.puller = BlockPuller(cache, s.pull_timeout_s)
         self.puller.metrics = self.metrics
         self.blocks = BlockServer(self.host, cache, self.ledger, s.transfer, self.server.address)
-        self.direct = self._direct_reader(s, cache)
+        self.direct = direct_reader(s, self.engine, cache)
         if self.direct is not None:
             self.direct.metrics = self.metrics
         self.sinks = SinkServer(
@@ -160,17 +155,6 @@ class NodeRuntime:
             registry.register(self.metrics)
             self.ops = OpsServer(s.metrics_host, s.metrics_port, self.healthy, registry)
             self.ops.start()
-
-    def _direct_reader(self, s: NodeSettings, cache: PagedKVCache) -> DirectReader | None:
-        if not s.nvme_dir:
-            return None
-        config = self.engine.config
-        layout = Layout(self.engine.model_id, config.block_size, config.kv_dtype,
-                        cache.layout.block_bytes)  # fmt: skip
-        tierd_id = s.tierd_id or f"tierd-{subjects.host_id(s.host_id)}"
-        # Reads only: whether tierd encrypts new writes is tierd's setting.
-        seal = BlockSeal(s.cache_secret, NVME)
-        return DirectReader(Path(s.nvme_dir), tierd_id, cache, layout, seal)
 
     async def _subscribe(self) -> None:
         bus, node = self.bus, self.node_id
@@ -310,32 +294,14 @@ class NodeRuntime:
 
     async def status(self) -> NodeStatus:
         snap = await self.host.load_snapshot()
-        load, stats, engine = snap.load, snap.stats, self.engine
         status = self._bare()
-        status.healthy = self.engine_healthy()
-        status.queued_tokens = load.queued_tokens
-        status.running_seqs = load.running_seqs + load.waiting_seqs
-        status.free_blocks = load.free_blocks
-        status.total_blocks = load.total_blocks
-        status.model_id = engine.model_id
-        status.kv_dtype = engine.config.kv_dtype
-        status.block_bytes = engine.runner.cache.layout.block_bytes
-        status.max_num_batched_tokens = engine.config.max_num_batched_tokens
-        status.step_samples = [_sample(t) for t in snap.timings]
-        status.prompt_tokens_computed = stats.prompt_tokens_computed
-        status.prompt_tokens_cached = stats.prompt_tokens_cached + stats.prompt_tokens_imported
-        measured = dict(self.puller.bandwidth.by_source)
-        status.fetch_bandwidth = measured if self.direct is None else self.direct.merged(measured)
-        status.kv_bytes_sent = self.server.bytes_sent
-        status.kv_bytes_received = self.puller.bytes_received
-        status.finishing_seqs = snap.finishing
-        status.unsunk_blocks = snap.unsunk_blocks
-        self.metrics.waiting_seqs = load.waiting_seqs
+        fill_status(status, snap, self.engine, self.puller, self.server, self.direct)
+        self.metrics.waiting_seqs = snap.load.waiting_seqs
         self.metrics.cached_blocks = snap.cached_blocks
         self.metrics.pool_evictions = snap.pool_evictions
         if self.role is not None:
             self.role.describe(status)
-        self.metrics.update(status, stats)
+        self.metrics.update(status, snap.stats)
         return status
 
     def _bare(self) -> NodeStatus:
@@ -403,7 +369,3 @@ class NodeRuntime:
         except Exception as exc:
             log.warning("could not withdraw blocks from cachemeta: %s", exc)
         await catalogue.client.close()
-
-
-def _sample(t: StepTiming) -> StepSample:
-    return StepSample(t.num_seqs, t.num_tokens, t.num_context_tokens, t.seconds)

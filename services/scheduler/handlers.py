@@ -8,7 +8,8 @@ import logging
 import time
 
 from services.scheduler.admission import AdmissionGate
-from services.scheduler.cluster import TIERD, ClusterView
+from services.scheduler.cluster import ClusterView
+from services.scheduler.feed import ClusterFeed
 from services.scheduler.keeping import Keeper, KeepRefusal
 from services.scheduler.lookup import (
     PrefixLookup,
@@ -27,14 +28,13 @@ from services.scheduler.policy import (
 )
 from services.scheduler.prefetch import Prefetch, plan_prefetches
 from services.scheduler.recent import RecentPlacements, merge
-from services.scheduler.wire import node_load, prefetch_requests, prefill_task
+from services.scheduler.wire import prefetch_requests, prefill_task
 from shared import subjects, tracing
 from shared.bus import Bus, BusRequestError, NoResponders
 from shared.cluster_messages import NodeStatus, TaskAck
 from shared.kv.hashing import BlockHash
 from shared.kv.tiers import DRAM, bandwidth_key
 from shared.messages import AbortRequest, GenerateRequest, SubmitReply
-from shared.nats_events import disconnected_node
 from shared.rpc.types import PrefixHolder
 from shared.stream_auth import seal_abort
 
@@ -43,9 +43,6 @@ log = logging.getLogger(__name__)
 MAX_TRIES = 3
 #: What a lookup may cost a request that only a cached prefix can let in (``_lookup_budget``).
 OVERLOAD_LOOKUP_S = 0.01
-#: The roles whose heartbeats the view takes: prefill and decode nodes take work and serve
-#: pulls from their pools; a tierd only serves pulls from its tiers.
-VIEWED_ROLES = ("prefill", "decode", TIERD)
 
 
 class SchedulerHandlers:
@@ -88,7 +85,6 @@ class SchedulerHandlers:
         self.metrics = metrics
         self.gate = gate
         self.cache_secret = cache_secret
-        self.secret_fingerprint = secret_fingerprint
         self.slo_s = slo_s
         self.tbt_slo_s = tbt_slo_s
         self.ack_timeout_s = ack_timeout_s
@@ -97,50 +93,14 @@ class SchedulerHandlers:
         self.local_prefill = local_prefill
         self.keeper = keeper
         self.recent = RecentPlacements()
+        self.feed = ClusterFeed(view, self.recent, secret_fingerprint)
         self._turn = 0
-        self._warned_secret: set[str] = set()
 
     async def on_heartbeat(self, subject: str, status: NodeStatus) -> None:
-        if status.role not in VIEWED_ROLES:
-            return
-        if subject != subjects.heartbeats(status.role, status.node_id):
-            log.warning("dropped a heartbeat of %s sent on %s", status.node_id, subject)
-            return
-        self._check_secret(status)
-        now = time.monotonic()
-        known = self.view.nodes.get(status.node_id)
-        if known is not None and known.epoch != status.epoch:
-            self.recent.forget(status.node_id)  # a restarted node's pool starts empty
-        self.view.update(node_load(status, now))
-        if status.role != TIERD:  # a tierd runs no engine: no steps to time, no TTFTs
-            self.view.timing.add(status.node_id, status.role, status.step_samples)
-            self.view.calibration.add(status.node_id, status.ttft_samples)
-        if status.role == "decode":
-            self.view.handoffs.add(status.handoff_samples)
-        self.view.forget_dead(now)
-
-    def _check_secret(self, status: NodeStatus) -> None:
-        mine, theirs = self.secret_fingerprint, status.secret_fingerprint
-        if mine and theirs and mine != theirs and status.node_id not in self._warned_secret:
-            self._warned_secret.add(status.node_id)
-            log.error(
-                "node %s uses another cache secret than this scheduler: its blocks will never "
-                "match the prefixes placements look up (set the same CRESCENT_CACHE_SECRET)",
-                status.node_id,
-            )
+        await self.feed.on_heartbeat(subject, status)
 
     async def on_disconnect(self, data: bytes) -> None:
-        """A node's NATS connection closed: it takes no work from now on (a restarted node
-        comes back with its next heartbeat)."""
-        node_id = disconnected_node(data)
-        node = self.view.nodes.get(node_id) if node_id else None
-        if node is not None:
-            log.warning("node %s disconnected from NATS", node_id)
-            self.recent.forget(node.node_id)
-            node.disconnected = True
-            node.last_seen = min(
-                node.last_seen, time.monotonic() - self.view.heartbeat_timeout_s - 1
-            )
+        await self.feed.on_disconnect(data)
 
     async def on_request(self, request: GenerateRequest) -> SubmitReply:
         """Places the request and answers once a prefill node took it, or says why not."""

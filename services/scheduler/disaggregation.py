@@ -119,6 +119,7 @@ def choose_local(
     if not ranked:
         return None
     coef = view.timing.coefficients(remote.node_id, "prefill")
+    pause_coef = _pause_coefficients(view, remote.node_id, coef)
     pricing: Pricing | None = None
     best: tuple[LocalPrefill, DecodeForecast] | None = None
     for f in ranked:
@@ -129,7 +130,7 @@ def choose_local(
             pricing = Pricing(request, view, holders, now, node.block_size, avoid, common)
         step = node.max_num_batched_tokens or view.costs.max_num_batched_tokens
         cost = pricing.cost_on(node, pricing.model_of(coef, step, node.block_size))
-        pause = pause_seconds(coef, request.num_prompt_tokens, cost.cached_tokens, step)
+        pause = pause_seconds(pause_coef, request.num_prompt_tokens, cost.cached_tokens, step)
         running = decoding(view, node, request, now, now + cost.ttft_s)
         local = LocalPrefill(cost, pause, running, f.tbt_s)
         if best is None or local.total_s < best[0].total_s:
@@ -150,6 +151,24 @@ def choose_local(
         costs.local_prefill_max_idle_compute_s,
     )
     return best if chosen else None
+
+
+def _pause_coefficients(
+    view: ClusterView, prefill_node: str, coef: StepCoefficients
+) -> StepCoefficients:
+    """What prices a local prefill's pause of the streams on a decode node. A pause is an
+    extrapolation: the prompts a decode node would take are longer than most a prefill node
+    has run while decode nodes took the short ones, and a few short, noisy steps leave a fit's
+    slope to chance (down to zero, which prices any prompt's pause as free). Until the fit is
+    settled, the pause is the larger of the fit's and the prior's."""
+    if view.timing.settled(prefill_node, "prefill"):
+        return coef
+    prior = view.timing.prior_for("prefill")
+    return StepCoefficients(
+        0.0,
+        max(coef.per_token_s, prior.per_token_s),
+        max(coef.per_attention_s, prior.per_attention_s),
+    )
 
 
 def decoding(

@@ -179,6 +179,11 @@ class StepTimes:
             fitted = self._node_fits[node_id] = self._fit(window.moments, window.role)
         return fitted
 
+    def settled(self, node_id: str, role: str) -> bool:
+        """Whether ``coefficients`` answers for the node from a fit of at least ``min_samples``
+        (its own or its role's pool), not from a few samples drawn towards the prior."""
+        return self.num_samples(node_id) >= self.min_samples or self._pooled(role) is not None
+
     def shared(self, role: str) -> StepCoefficients:
         """What every node of ``role`` outside ``individual(role)`` is predicted by."""
         pooled = self._pooled(role)

@@ -11,6 +11,7 @@ import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from openai import AsyncOpenAI
@@ -60,10 +61,20 @@ def total(samples: Samples, name: str, **labels: str) -> float:
 TRIES = 3
 
 
+def debug_view(stack: Stack, response_id: str, api_key: str) -> dict[str, Any]:
+    """The gateway's debug view of one request: where it was placed, its phases."""
+    url = stack.base_url.removesuffix("/v1") + f"/debug/requests/{response_id}"
+    reply = httpx.get(url, headers={"authorization": f"Bearer {api_key}"}, timeout=10)
+    reply.raise_for_status()
+    view: dict[str, Any] = reply.json()
+    return view
+
+
 def run(stack: Stack, model_name: str, api_key: str) -> Disaggregated:
     urls = endpoints(stack)
     time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
     before = scrape(urls["decode-0"])[1]
+    kept_local: list[dict[str, Any]] = []
     for attempt in range(TRIES):
         report = " ".join(
             f"Line {i} of a disaggregated report {attempt} at {os.getpid()}." for i in range(90)
@@ -75,6 +86,9 @@ def run(stack: Stack, model_name: str, api_key: str) -> Disaggregated:
         prefill_after = scrape(urls["prefill-0"])[1]
         if handed_over(prefill_after) > handed:
             break
+        kept_local.append(debug_view(stack, response_id, api_key))
+    else:
+        raise AssertionError(f"no try was handed off; the placements: {kept_local}")
     after = scrape(urls["decode-0"])[1]
     return Disaggregated(response_id, before, after, prefill_after)
 
@@ -99,9 +113,12 @@ async def long_prompt_beside_a_stream(
             model=model_name, messages=[{"role": "user", "content": "Count to 200."}],
             max_tokens=1000, temperature=0, stream=True, extra_body={"min_tokens": 1000},
         )  # fmt: skip
+        text = ""
         async for chunk in chunks:
-            if chunk.choices and chunk.choices[0].delta.content:
-                started.set()
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                if len(text) > 8:  # decoding on the decode node by now, not a first token
+                    started.set()
 
     streaming = asyncio.create_task(stream())
     await asyncio.wait_for(started.wait(), 120)

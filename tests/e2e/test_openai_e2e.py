@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
@@ -24,6 +23,7 @@ from shared.cluster_messages import NodeStatus
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 from tests.conftest import RealEngineFactory
+from tests.e2e import disaggregated
 from tests.e2e.conftest import ALICE_KEY, BOB_KEY
 from tests.e2e.stack import Stack
 from tests.support.nats import NatsServer
@@ -251,11 +251,7 @@ async def long_prompt_beside_a_stream(
 
 
 def debug_view(stack: Stack, response_id: str) -> dict[str, Any]:
-    url = stack.base_url.removesuffix("/v1") + f"/debug/requests/{response_id}"
-    reply = httpx.get(url, headers={"authorization": f"Bearer {ALICE_KEY}"}, timeout=10)
-    reply.raise_for_status()
-    view: dict[str, Any] = reply.json()
-    return view
+    return disaggregated.debug_view(stack, response_id, ALICE_KEY)
 
 
 async def latest_heartbeats(nats_url: str) -> dict[str, NodeStatus]:

@@ -23,6 +23,7 @@ from services.scheduler.policy import (
     place,
 )
 from services.scheduler.timing import StepCoefficients, StepTimes, prefill_seconds
+from shared.cluster_messages import StepSample
 from shared.rpc.types import PrefixHolder
 from tests.unit.scheduler_nodes import NOW, node, placed
 
@@ -97,6 +98,23 @@ def test_a_local_prefill_never_pauses_decoding_sequences_past_the_bound() -> Non
     assert pause_seconds(COEF, tokens, 0, STEP) > bound
     assert not decide(cluster(1), tokens).local
     assert decide(cluster(0), tokens).local
+
+
+def test_a_few_short_steps_of_the_prefill_node_do_not_make_a_long_pause_look_free() -> None:
+    # All a prefill node has run while the decode node took the short prompts itself: three
+    # short steps, the longest timed fastest (a shared host's noise). Their fit has no slope,
+    # and priced by it a 1,100-token prompt would pause the decode node's stream for nothing.
+    view = cluster(1)
+    short = [StepSample(1, 25, 0, 0.035), StepSample(1, 35, 0, 0.033), StepSample(1, 45, 0, 0.030)]
+    view.timing.add("p", "prefill", short)
+    assert view.timing.coefficients("p", "prefill").per_token_s == 0
+    assert not view.timing.settled("p", "prefill")
+    decision = decide(view, 1100)
+    assert not decision.local and decision.prefill_node == "p"
+    # Once the node's own fit is settled, it prices the pause (here: free, so local).
+    view.timing.add("p", "prefill", short * 6)
+    assert view.timing.settled("p", "prefill")
+    assert decide(view, 1100).local
 
 
 @pytest.mark.parametrize("running", [1, 3])

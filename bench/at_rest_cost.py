@@ -1,5 +1,6 @@
 """What keyed integrity and encryption at rest cost: one 1.5 MB KV block (32 tokens of
-SmolLM2 in fp32) sealed and opened, against the unkeyed checksum and plain MACs, and an NVMe
+SmolLM2 in fp32) checksummed as every pull checks it (keyed BLAKE3), sealed and opened, against
+the unkeyed checksum blocks carried before and plain MACs, and an NVMe
 tier read (files in the page cache, so the CPU's share alone) encrypted and tag-only.
 
     .venv/bin/python bench/at_rest_cost.py
@@ -18,17 +19,19 @@ import xxhash
 from services.tierd.nvme import NvmeStore
 from shared.kv import block_file
 from shared.kv.block_file import BlockHeader, Layout
-from shared.kv.hashing import block_checksum
+from shared.kv.checksum import BlockChecksum
 from shared.kv.seal import BlockSeal
 from shared.kv.tiers import NVME
 
 N = 1_474_560  # 32 tokens x 46,080 B (SmolLM2 fp32)
+SECRET = "x" * 32
+checksum = BlockChecksum(SECRET)
 payload = os.urandom(N)
 header = BlockHeader(
     os.urandom(16),
     os.urandom(16),
     tuple(range(32)),
-    block_checksum(payload),
+    checksum(payload),
     N,
     "m",
     32,
@@ -47,13 +50,14 @@ def rate(fn, n: int = 40) -> tuple[float, float]:
 
 
 key = os.urandom(32)
-enc, tag = BlockSeal("x" * 32, NVME), BlockSeal("x" * 32, NVME, encrypt=False)
+enc, tag = BlockSeal(SECRET, NVME), BlockSeal(SECRET, NVME, encrypt=False)
 packed_enc, packed_tag = (
     block_file.pack(header, payload, enc),
     block_file.pack(header, payload, tag),
 )
 CASES = [
     ("xxh3-64 (unkeyed, before)", lambda: xxhash.xxh3_64_intdigest(payload)),
+    ("keyed BLAKE3-64 (block checksum)", lambda: checksum(payload)),
     ("keyed BLAKE2b-128", lambda: hashlib.blake2b(payload, key=key, digest_size=16).digest()),
     ("HMAC-SHA256", lambda: hmac.new(key, payload, hashlib.sha256).digest()),
     ("seal, AES-256-GCM (pack)", lambda: block_file.pack(header, payload, enc)),

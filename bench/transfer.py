@@ -27,7 +27,6 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from shared.kv.hashing import block_checksum
 from shared.transfer.base import BufferLike, create_client, create_server
 
 BLOCK_BYTES = 1_474_560
@@ -106,7 +105,7 @@ async def bench_pulls(
     client = create_client(kind, timeout_s=60.0)
     # Touched up front: first-touch page faults are allocation cost, not transfer speed.
     dest = [np.ones(nbytes, dtype=np.uint8) for _ in range(max(counts))]
-    expected = [block_checksum(b.data) for b in make_blocks(max(counts), nbytes, seed=7)]
+    expected = [bytes(b) for b in make_blocks(max(counts), nbytes, seed=7)]
     results: dict[int, float] = {}
     for count in counts:
         ids = list(range(count))
@@ -116,7 +115,7 @@ async def bench_pulls(
             await client.pull(address, LEASE, ids, dest[:count])
             if i >= warmup:
                 times.append(time.perf_counter() - start)
-        if [block_checksum(d.data) for d in dest[:count]] != expected[:count]:
+        if [bytes(d) for d in dest[:count]] != expected[:count]:
             raise SystemExit(f"{kind}: pulled bytes differ from the server's")
         results[count] = median_gbps(count * nbytes, times)
     await client.close()

@@ -16,7 +16,6 @@ from shared.cluster_messages import KVHandoff, NodeStatus, PrefillTask, TaskAck
 from shared.engine.sequence import FinishReason
 from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
-from shared.kv.hashing import block_checksum
 from shared.messages import AbortRequest, TokenChunk
 from shared.node.chunks import output_chunk, request_salt
 from shared.node.ledger import Lease, Stage
@@ -211,7 +210,7 @@ class PrefillRole:
 
     def _checksums(self, block_ids: list[int]) -> list[int]:
         cache = self.node.engine.runner.cache
-        return [block_checksum(cache.block_buffer(b).data) for b in block_ids]
+        return [self.node.checksum(cache.block_buffer(b).data) for b in block_ids]
 
     async def on_abort(self, request_id: str) -> None:
         self.tasks.pop(request_id, None)

@@ -95,7 +95,9 @@ class TierdService:
             s.transfer, self.server.address,
         )  # fmt: skip
         policy = SinkPolicy(s.sink_watermark, s.sink_interval_s, s.sink_batch)
-        self.sinker = Sinker(bus, self.tiering, self.host_id, self.epoch, policy)
+        self.sinker = Sinker(
+            bus, self.tiering, self.host_id, self.epoch, policy, self.nvme.seal.checksum
+        )
         node = self.node_id
         await bus.serve(subjects.peer_pins(node), PinRequest, handlers.on_pin)
         await bus.subscribe(subjects.lease_releases(node), LeaseRelease, handlers.on_release)

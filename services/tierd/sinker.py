@@ -29,7 +29,7 @@ from shared.cluster_messages import (
     SinkRequest,
 )
 from shared.kv.block_file import BlockHeader
-from shared.kv.hashing import block_checksum
+from shared.kv.checksum import BlockChecksum
 from shared.transfer.base import TransferClient, TransferError, create_client
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,16 @@ class Sinker:
     """
 
     def __init__(
-        self, bus: Bus, tiering: Tiering, host_id: str, epoch: str, policy: SinkPolicy
+        self,
+        bus: Bus,
+        tiering: Tiering,
+        host_id: str,
+        epoch: str,
+        policy: SinkPolicy,
+        checksum: BlockChecksum,
     ) -> None:
         self.bus = bus
+        self.checksum = checksum
         self.tiering = tiering
         self.host_id = host_id
         self.epoch = epoch
@@ -151,7 +158,7 @@ class Sinker:
             self.pulls_failed += 1
             log.warning("pulling blocks to sink from %s failed: %s", node_id, exc)
             return []
-        sums = await asyncio.to_thread(lambda: [block_checksum(d.data) for d in dest])
+        sums = await asyncio.to_thread(lambda: [self.checksum(d.data) for d in dest])
         intact: list[tuple[SinkBlock, memoryview]] = []
         for block, got, buffer in zip(wanted, sums, dest, strict=True):
             if got == block.checksum:

@@ -24,7 +24,8 @@ from shared.engine.types import (
     StepTiming,
 )
 from shared.errors import InvalidRequestError
-from shared.kv.hashing import BlockHash, block_checksum, quota_key, root_hash
+from shared.kv.checksum import BlockChecksum
+from shared.kv.hashing import BlockHash, quota_key, root_hash
 from shared.kv.keeps import PINNED, PoolKeeps
 from shared.kv.pool import BlockPool
 from shared.model.grammar import Grammars
@@ -48,8 +49,12 @@ class LLMEngine:
         config: EngineConfig,
         model_id: str,
         grammars: Grammars | None = None,
+        checksum: BlockChecksum | None = None,
     ):
         self.config = config
+        # The key of the checksums its blocks carry to other nodes and tiers: a node sets its
+        # cache secret's; an engine whose blocks never leave the process keeps the empty one.
+        self.checksum = checksum if checksum is not None else BlockChecksum(b"")
         self.grammars = grammars  # None: requests with a grammar are refused
         self.runner = runner
         self.model_id = model_id
@@ -379,7 +384,7 @@ class LLMEngine:
         return SequenceLogitsProcessor(params, vocab, prompt, self.eos_token_ids, matcher)
 
     def _checksum(self, block_id: int) -> int:
-        return block_checksum(self.runner.cache.block_buffer(block_id).data)
+        return self.checksum(self.runner.cache.block_buffer(block_id).data)
 
     def _root(self, cache_salt: bytes) -> BlockHash:
         root = self._roots.get(cache_salt)

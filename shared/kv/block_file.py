@@ -6,13 +6,13 @@ prefix and body, keyed by the cache secret and the tier. The body is struct-pack
 hashes, payload checksum and size, block size, creation time, then the quota key, model id, KV
 dtype and token ids. With the ``ENCRYPTED`` flag the token ids and the payload are AES-GCM
 ciphertexts under the tenant's key; without it the token ids are plain and the payload is
-followed by its own keyed tag. The payload checksum (xxh3 of the plain bytes) is kept: it is
-what transfers between processes verify.
+followed by its own keyed tag. The payload checksum (``shared.kv.checksum``, keyed, of the
+plain bytes) is kept: it is what transfers between processes verify.
 
 Invariant: nothing is handed to a caller unless every check passed — magic, a version this
 code knows, the header's keyed tag, the expected block hash and layout, the payload's keyed
-tag (or AEAD tag) and its checksum. Without the cache secret no one can make a block that
-passes, and any byte flipped or cut off anywhere fails one of the checks.
+tag (or AEAD tag), and before a copy is stored its checksum. Without the cache secret no one
+can make a block that passes, and any byte flipped or cut off anywhere fails one of the checks.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import struct
 from dataclasses import dataclass, field
 
 from shared.errors import CrescentError
-from shared.kv.hashing import HASH_BYTES, block_checksum
+from shared.kv.hashing import HASH_BYTES
 from shared.kv.seal import MAC_OVERHEAD, SEALED_OVERHEAD, TAG_BYTES, BlockSeal, SealError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: the payload checksum is keyed (shared.kv.checksum)
 MAGIC = b"CKVB"
 ENCRYPTED = 1
 # magic, version, flags, body length, then the keyed tag of everything else in the header.
@@ -206,11 +206,17 @@ def _decode_body(body: memoryview, encrypted: bool, tag: bytes, seal: BlockSeal)
     )
 
 
-def verify_payload(header: BlockHeader, payload: bytes | memoryview) -> None:
-    """BlockFormatError unless ``payload`` has the size and checksum ``header`` promises."""
+def _check_size(header: BlockHeader, payload: bytes | memoryview) -> None:
     if len(payload) != header.num_bytes:
         raise BlockFormatError(f"payload is {len(payload)} bytes, header says {header.num_bytes}")
-    if block_checksum(payload) != header.checksum:
+
+
+def verify_payload(header: BlockHeader, payload: bytes | memoryview, seal: BlockSeal) -> None:
+    """BlockFormatError unless ``payload`` has the size and (keyed) checksum ``header``
+    promises. Checked before a copy is stored; a read needs only the size, since the payload's
+    own tag binds it to the header's tag, which covers the checksum."""
+    _check_size(header, payload)
+    if seal.checksum(payload) != header.checksum:
         raise BlockFormatError("payload checksum mismatch")
 
 
@@ -230,7 +236,7 @@ def seal_parts(
 ) -> list[bytes | bytearray | memoryview]:
     """A stored copy's content in pieces, written one after another (a tagged payload is not
     copied), after verifying ``payload`` against ``header``."""
-    verify_payload(header, payload)
+    verify_payload(header, payload, seal)
     head = encode_header(header, seal)
     tag = head[_TAGGED:PREFIX_BYTES]
     if not seal.encrypt:
@@ -243,7 +249,7 @@ def pack(header: BlockHeader, payload: bytes | memoryview, seal: BlockSeal) -> b
     into one buffer holding both, since a 1.5 MB copy costs more than the cipher)."""
     if not seal.encrypt:
         return b"".join(seal_parts(header, payload, seal))
-    verify_payload(header, payload)
+    verify_payload(header, payload, seal)
     head = encode_header(header, seal)
     return _encrypt(header, payload, seal, head[_TAGGED:PREFIX_BYTES], head)
 
@@ -287,19 +293,20 @@ def unseal_into(
             seal.decrypt_into(header.quota_key, header.block_hash, ad, view, dest)
         except SealError as exc:
             raise BlockFormatError(f"payload: {exc}") from None
-        verify_payload(header, dest)
+        _check_size(header, dest)
     else:
         dest[:] = view[: header.num_bytes]
         check_plain(header, dest, view[header.num_bytes :], seal)
 
 
 def check_plain(header: BlockHeader, plain: memoryview, tag: memoryview, seal: BlockSeal) -> None:
-    """Checks an unencrypted payload against its keyed tag and checksum."""
+    """Checks an unencrypted payload against its keyed tag (which vouches for the checksum:
+    ``verify_payload``)."""
+    _check_size(header, plain)
     try:
         seal.check_tag(tag, _PAYLOAD, header.block_hash, header.tag, plain)
     except SealError as exc:
         raise BlockFormatError(f"payload: {exc}") from None
-    verify_payload(header, plain)
 
 
 def unpack(

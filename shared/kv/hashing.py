@@ -1,4 +1,4 @@
-"""Chained content hashes of KV blocks, and the integrity checksum of block bytes.
+"""Chained content hashes of KV blocks (the checksum of their bytes is ``shared.kv.checksum``).
 
 A block's hash commits to every token before it (through its parent) and to the cache scope
 (through the root), so equal hashes mean interchangeable KV contents. Everything here is a pure
@@ -13,8 +13,6 @@ import struct
 import sys
 from array import array
 from collections.abc import Sequence
-
-import xxhash
 
 BlockHash = bytes
 HASH_BYTES = 16
@@ -142,11 +140,6 @@ def extend_block_hashes(
     packed = _encode_tokens(token_ids[done * block_size : count * block_size])
     hashes.extend(_chain(parent, packed, block_size, count - done))
     return hashes
-
-
-def block_checksum(data: bytes | bytearray | memoryview) -> int:
-    """64-bit integrity checksum of a block's bytes, carried with the block wherever it goes."""
-    return xxhash.xxh3_64_intdigest(data)
 
 
 def scope_salt(secret: bytes, tenant: str, cache_salt: str = "") -> bytes:

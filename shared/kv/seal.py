@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from shared.errors import CrescentError
+from shared.kv.checksum import BlockChecksum
 
 TAG_BYTES = 16
 NONCE_BYTES = 12
@@ -60,6 +61,7 @@ class BlockSeal:
         self._tier_bytes = tier.encode() + b"\0"
         self._secret = raw
         self._mac_key = _derive(raw, _MAC_LABEL)
+        self.checksum = BlockChecksum(raw)
         self._aeads: dict[bytes, AESGCM] = {}
 
     def tag(self, *parts: bytes | memoryview) -> bytes:

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from shared.kv.hashing import block_checksum
+from shared.kv.checksum import BlockChecksum
 from shared.model.kv_cache import PagedKVCache
 from shared.transfer.base import TransferClient, TransferError, create_client
 
@@ -61,8 +61,11 @@ class BlockPuller:
     are never used.
     """
 
-    def __init__(self, cache: PagedKVCache, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, cache: PagedKVCache, checksum: BlockChecksum, timeout_s: float = 10.0
+    ) -> None:
         self.cache = cache
+        self.checksum = checksum
         self.timeout_s = timeout_s
         self.bandwidth = FetchBandwidth()
         self.clients: dict[str, TransferClient] = {}
@@ -91,7 +94,7 @@ class BlockPuller:
             return 0
         seconds = time.perf_counter() - started
         self.bandwidth.record(source.node_id, received, seconds)
-        sums = await asyncio.to_thread(lambda: [block_checksum(d.data) for d in dest])
+        sums = await asyncio.to_thread(lambda: [self.checksum(d.data) for d in dest])
         verified = _leading_matches(sums, source.checksums[:count])
         self._observe(source, received, seconds, ok=verified == count)
         if verified < count:

@@ -31,6 +31,7 @@ from shared.engine.probe import probe_speed, probe_tokens
 from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
 from shared.heartbeat import heartbeat_loop
+from shared.kv.checksum import BlockChecksum
 from shared.messages import (
     AbortRequest,
     GenerateRequest,
@@ -100,6 +101,7 @@ class NodeRuntime:
         self.host_id = subjects.host_id(settings.host_id)
         self.epoch = uuid.uuid4().hex[:16]
         self.fingerprint = secret_fingerprint(settings.cache_secret)
+        self.checksum = BlockChecksum(settings.cache_secret)
         self.draining = False
         self._engine = engine
         self._bus = bus
@@ -127,13 +129,15 @@ class NodeRuntime:
             probe = probe_tokens(self._engine, s.startup_probe_tokens)
             await loop.run_in_executor(loader, probe_speed, self._engine, probe)
         self.engine: LLMEngine = self._engine
+        # Before any block is offered, pinned or published: they carry checksums in this key.
+        self.engine.checksum = self.checksum
         if self._bus is None:
             name = f"crescent-{self.node_id}"
             self._bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
         self.bus: Bus = self._bus
         cache = self.engine.runner.cache
         self.host = EngineHost(self.engine, self._on_outputs, s.step_timeout_s, thread)
-        self.puller = BlockPuller(cache, s.pull_timeout_s)
+        self.puller = BlockPuller(cache, self.checksum, s.pull_timeout_s)
         self.puller.metrics = self.metrics
         self.blocks = BlockServer(self.host, cache, self.ledger, s.transfer, self.server.address)
         self.direct = direct_reader(s, self.engine, cache)

@@ -3,7 +3,7 @@
 A prefill node runs a ``TransferServer`` that hands out finished blocks held under a lease; a
 decode node (or a peer prefill node) runs a ``TransferClient`` that pulls them straight into its
 own pool. The layer moves bytes only: it knows nothing of tensors or checksums, which callers
-verify with ``shared.kv.hashing.block_checksum``.
+verify with ``shared.kv.checksum.BlockChecksum``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from shared.engine.engine import LLMEngine
-from shared.kv.hashing import block_checksum
 from shared.sampling_params import SamplingParams
 from tests.engine.conftest import EngineFactory
 from tests.engine.test_engine_scheduling import prompts
@@ -25,7 +24,7 @@ def run(engine: LLMEngine, request_id: str, prompt: list[int], salt: bytes = SAL
 def copy(src: LLMEngine, src_ids: list[int], dst: LLMEngine, dst_ids: list[int]) -> list[int]:
     for s, d in zip(src_ids, dst_ids, strict=True):
         dst.runner.cache.write_block_bytes(d, src.runner.cache.read_block_bytes(s))
-    return [block_checksum(dst.runner.cache.block_buffer(d).data) for d in dst_ids]
+    return [dst.checksum(dst.runner.cache.block_buffer(d).data) for d in dst_ids]
 
 
 def test_events_carry_the_chain_tokens_and_a_true_checksum(make_engine: EngineFactory) -> None:
@@ -38,7 +37,7 @@ def test_events_carry_the_chain_tokens_and_a_true_checksum(make_engine: EngineFa
     assert stored[1].parent_hash == stored[0].block_hash
     assert list(stored[0].token_ids) == prompt[:4]
     for b in stored:
-        assert b.checksum == block_checksum(engine.runner.cache.block_buffer(b.block_id).data)
+        assert b.checksum == engine.checksum(engine.runner.cache.block_buffer(b.block_id).data)
     assert evicted == []
     assert engine.exchange.drain_events() == ([], [])
     assert {b.block_hash for b in engine.exchange.snapshot()} == {b.block_hash for b in stored}

@@ -8,6 +8,7 @@ import asyncio
 from shared import subjects
 from shared.cluster_messages import PullPlan
 from shared.engine.engine import LLMEngine
+from shared.kv.checksum import BlockChecksum
 from shared.messages import ReplayReply, ReplayRequest
 from tests.engine.conftest import EngineFactory
 from tests.engine.test_engine_scheduling import prompts
@@ -144,6 +145,33 @@ def test_a_corrupt_handoff_is_recomputed_with_the_same_tokens(
             assert d0.engine.stats.prompt_tokens_computed == len(prompt)
             await cluster.bus.settle()
             assert cluster.prefills["p0"].node.ledger.num_leases == 0  # released once anyway
+        finally:
+            await cluster.stop()
+
+    asyncio.run(scenario())
+
+
+def test_blocks_checksummed_without_the_cache_secret_are_recomputed(
+    make_engine: EngineFactory,
+) -> None:
+    """Checksums are keyed by the cache secret: a prefill node that checksums its blocks under
+    another key (as anyone who rewrote the bytes on the link, but lacks the secret, would have
+    to) gets none of them accepted, and the decode node computes the prompt itself."""
+    prompt = prompts(1, 22, 22, seed=56)[0]
+
+    async def scenario() -> None:
+        cluster = Cluster(make_engine)
+        await cluster.start()
+        try:
+            p0 = cluster.prefills["p0"].node
+            p0.checksum = BlockChecksum("not the cluster's cache secret")
+            ack, stream = await cluster.submit(request("r7", prompt))
+            assert ack.accepted
+            await stream.wait(finished)
+            assert stream.tokens == expected_tokens(make_engine, prompt)
+            d0 = cluster.decodes["d0"].node
+            assert d0.puller.pulls_failed == 1 and d0.puller.blocks_pulled == 0
+            assert d0.engine.stats.prompt_tokens_computed == len(prompt)
         finally:
             await cluster.stop()
 

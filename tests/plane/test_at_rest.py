@@ -29,7 +29,6 @@ from services.tierd.nvme import NvmeStore
 from services.tierd.s3 import S3Config, S3Store
 from shared.kv import block_file
 from shared.kv.block_file import BlockFormatError
-from shared.kv.hashing import block_checksum
 from shared.kv.layout import KVLayout
 from shared.kv.seal import BlockSeal
 from shared.kv.tiers import NVME, S3
@@ -67,7 +66,9 @@ def _s3_config(weed: WeedS3) -> S3Config:
 def _forged(num_bytes: int = 4096) -> tuple[block_file.BlockHeader, bytes, bytes]:
     """A genuine block, and another payload for the same hash and tenant whose header
     checksum is right: what an attacker who knows the format (not the secret) would write."""
-    header, genuine = make_block(num_bytes, first_token=MARKER, quota_key=b"tenant-a")
+    header, genuine = make_block(
+        num_bytes, first_token=MARKER, quota_key=b"tenant-a", secret=SECRET
+    )
     poison = bytes(b ^ 0xFF for b in genuine)
     return header, genuine, poison
 
@@ -77,16 +78,16 @@ def test_s3_objects_are_encrypted_and_a_forged_or_flipped_object_is_never_served
 ) -> None:
     config = _s3_config(weed)
     header, genuine, poison = _forged()
+    mallory = BlockSeal("not-the-cache-secret-at-all", S3, encrypt=False)
     forged_header = block_file.BlockHeader(
         **{f: getattr(header, f) for f in ("block_hash", "parent_hash", "token_ids")},
-        checksum=block_checksum(poison),
+        checksum=mallory.checksum(poison),
         num_bytes=len(poison),
         model_id=header.model_id,
         block_size=header.block_size,
         kv_dtype=header.kv_dtype,
         quota_key=header.quota_key,
     )
-    mallory = BlockSeal("not-the-cache-secret-at-all", S3, encrypt=False)
     sync = weed.client()
 
     async def scenario() -> None:
@@ -134,7 +135,7 @@ def test_nvme_files_are_private_encrypted_and_a_forged_file_is_never_served(
         # A poisoned payload under a header whose checksum matches it, tagged with a key
         # that is not the cluster's, is refused and the file removed.
         mallory = BlockSeal("not-the-cache-secret-at-all", NVME, encrypt=False)
-        forged = dataclasses_replace_checksum(header, poison)
+        forged = dataclasses_replace_checksum(header, poison, mallory)
         path.write_bytes(block_file.pack(forged, poison, mallory))
         dest = memoryview(bytearray(len(genuine)))
         layout = block_file.Layout(
@@ -156,9 +157,10 @@ def test_nvme_files_are_private_encrypted_and_a_forged_file_is_never_served(
 
 
 def dataclasses_replace_checksum(
-    header: block_file.BlockHeader, payload: bytes
+    header: block_file.BlockHeader, payload: bytes, seal: BlockSeal
 ) -> block_file.BlockHeader:
-    return dataclasses.replace(header, checksum=block_checksum(payload))
+    """``header`` claiming ``payload``, its checksum computed with ``seal``'s key."""
+    return dataclasses.replace(header, checksum=seal.checksum(payload))
 
 
 def _db_bytes(path: Path) -> bytes:
@@ -231,8 +233,12 @@ def test_a_node_reads_tierd_files_directly_only_with_the_keys_and_never_a_forger
     layout = KVLayout(num_layers=2, num_kv_heads=1, head_dim=8, block_size=4, dtype="float32")
     cache = PagedKVCache(layout, num_blocks=4)
     block_bytes = layout.block_bytes
-    first, genuine = make_block(block_bytes, first_token=MARKER, quota_key=b"tenant-a")
-    second, other = make_block(block_bytes, parent=first.block_hash, quota_key=b"tenant-a")
+    first, genuine = make_block(
+        block_bytes, first_token=MARKER, quota_key=b"tenant-a", secret=SECRET
+    )
+    second, other = make_block(
+        block_bytes, parent=first.block_hash, quota_key=b"tenant-a", secret=SECRET
+    )
     expected = block_file.Layout(first.model_id, first.block_size, first.kv_dtype, block_bytes)
     seal = BlockSeal(SECRET, NVME)
     store = NvmeStore(tmp_path, 1 << 24, fsync=False, seal=seal)
@@ -250,8 +256,8 @@ def test_a_node_reads_tierd_files_directly_only_with_the_keys_and_never_a_forger
 
     # The second file replaced by a forgery whose checksum matches its poisoned payload.
     poison = bytes(b ^ 0x55 for b in other)
-    forged = dataclasses_replace_checksum(second, poison)
     mallory = BlockSeal("not-the-cache-secret-at-all", NVME, encrypt=False)
+    forged = dataclasses_replace_checksum(second, poison, mallory)
     store.path_of(second.block_hash).write_bytes(block_file.pack(forged, poison, mallory))
     read = asyncio.run(reader.read(hashes, [2, 3]))
     assert read.verified == 1 and read.corrupt == [second.block_hash]

@@ -48,7 +48,7 @@ def _config(weed: WeedS3, ca_bundle: Path | None) -> S3Config:
 
 def test_blocks_round_trip_over_https_with_the_ca_bundle(weed: WeedS3, tls: S3Tls) -> None:
     assert weed.endpoint.startswith("https://")
-    header, payload = make_block(4096, quota_key=b"tenant-a")
+    header, payload = make_block(4096, quota_key=b"tenant-a", secret=SECRET)
 
     async def scenario() -> None:
         store = S3Store(_config(weed, tls.ca), BlockSeal(SECRET, S3))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
 from shared.kv.block_file import BlockHeader, Layout
-from shared.kv.hashing import block_checksum, hash_block_tokens, root_hash
+from shared.kv.checksum import BlockChecksum
+from shared.kv.hashing import hash_block_tokens, root_hash
 from shared.kv.seal import BlockSeal
 from shared.kv.tiers import NVME, S3
 from shared.secrets import DEV_CACHE_SECRET
@@ -23,15 +25,17 @@ def make_block(
     first_token: int = 0,
     quota_key: bytes = b"",
     payload: bytes | None = None,
+    secret: str = DEV_CACHE_SECRET,
 ) -> tuple[BlockHeader, bytes]:
-    """A header and a random payload of ``num_bytes``, chained to ``parent``."""
+    """A header and a random payload of ``num_bytes``, chained to ``parent``, its checksum
+    keyed by ``secret`` (the stores' own by default)."""
     tokens = tuple(range(first_token, first_token + BLOCK_SIZE))
     data = os.urandom(num_bytes) if payload is None else payload
     header = BlockHeader(
         block_hash=hash_block_tokens(parent, tokens),
         parent_hash=parent,
         token_ids=tokens,
-        checksum=block_checksum(data),
+        checksum=_checksum(secret)(data),
         num_bytes=len(data),
         model_id=MODEL,
         block_size=BLOCK_SIZE,
@@ -40,6 +44,11 @@ def make_block(
         created_at=time.time(),
     )
     return header, data
+
+
+@functools.cache
+def _checksum(secret: str) -> BlockChecksum:
+    return BlockChecksum(secret)
 
 
 def make_chain(length: int, num_bytes: int = 256, seed: int = 0) -> list[tuple[BlockHeader, bytes]]:

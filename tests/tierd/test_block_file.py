@@ -133,12 +133,13 @@ def test_a_flipped_bit_anywhere_is_refused(tmp_path: Path, bit: int, seal: Block
 @pytest.mark.parametrize("seal", [SEAL, PLAIN], ids=["encrypted", "tagged"])
 def test_a_forged_block_with_a_matching_checksum_is_refused(seal: BlockSeal) -> None:
     """Whoever can write the store but lacks the cache secret: a block made with another
-    secret (its own xxh3 checksum right), the same block claimed by another tier or another
-    hash, or another block's payload behind this header, are all refused."""
+    secret (its checksum right under that secret's key), the same block claimed by another
+    tier or another hash, or another block's payload behind this header, are all refused."""
     header, payload = make_block(64, quota_key=b"tenant")
     mallory = BlockSeal("not-the-cache-secret", NVME, encrypt=seal.encrypt)
+    forged = dataclasses.replace(header, checksum=mallory.checksum(payload))
     with pytest.raises(BlockFormatError, match="tag"):
-        block_file.unpack(pack(header, payload, mallory), header.block_hash, seal)
+        block_file.unpack(pack(forged, payload, mallory), header.block_hash, seal)
     s3 = BlockSeal(DEV_CACHE_SECRET, S3, encrypt=seal.encrypt)
     with pytest.raises(BlockFormatError, match="tag"):
         block_file.unpack(pack(header, payload, s3), header.block_hash, seal)

@@ -13,7 +13,6 @@ import asyncio
 
 import numpy as np
 
-from shared.kv.hashing import block_checksum
 from shared.transfer.base import TransferError, create_client
 from tests.transfer.peer import LEASE, block_bytes_of
 
@@ -32,8 +31,8 @@ async def pull_until_failure(args: argparse.Namespace) -> None:
         print("FAILED", exc, flush=True)
     if args.then:
         await client.pull(bytes.fromhex(args.then), LEASE, ids, dest)
-        want = [block_checksum(block_bytes_of(i, args.block_bytes).data) for i in ids]
-        if [block_checksum(d.data) for d in dest] != want:
+        want = [bytes(block_bytes_of(i, args.block_bytes)) for i in ids]
+        if [bytes(d) for d in dest] != want:
             raise SystemExit("THEN pulled the wrong bytes")
         print("THEN OK", flush=True)
     await client.close()

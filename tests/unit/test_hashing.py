@@ -1,4 +1,4 @@
-"""Chained block hashes and block checksums."""
+"""Chained block hashes and keyed block checksums."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from shared.kv.checksum import BlockChecksum
 from shared.kv.hashing import (
     HASH_BYTES,
-    block_checksum,
     extend_block_hashes,
     hash_block_tokens,
     hash_full_blocks,
@@ -168,12 +168,24 @@ def test_hashes_are_identical_across_processes() -> None:
 
 
 def test_checksum_detects_one_flipped_byte() -> None:
+    checksum = BlockChecksum("a cache secret")
     data = bytearray(bytes(range(256)) * 64)
-    original = block_checksum(data)
-    assert original == block_checksum(bytes(data)) == block_checksum(memoryview(data))
+    original = checksum(data)
+    assert original == checksum(bytes(data)) == checksum(memoryview(data))
     assert isinstance(original, int) and 0 <= original < 2**64
     data[1000] ^= 0x01
-    assert block_checksum(data) != original
+    assert checksum(data) != original
+
+
+def test_checksum_is_keyed_by_the_cache_secret() -> None:
+    """Whoever lacks the secret cannot give altered bytes a checksum the nodes accept: the
+    same bytes checksum differently under another secret, and the same under the same one
+    in another object (every process derives the key alike)."""
+    data = os.urandom(1 << 16)
+    ours = BlockChecksum("the cluster's secret")
+    assert ours(data) == BlockChecksum(b"the cluster's secret")(data)
+    assert ours(data) != BlockChecksum("another secret")(data)
+    assert ours(data) != BlockChecksum(b"")(data)
 
 
 def test_scope_salts_separate_tenants_and_cache_salts_only_narrow() -> None:

@@ -37,6 +37,12 @@ class EngineSettings(BaseSettings):
         "fp8_e4m3 (alias fp8) quarters them, unscaled, saturating at +-448",
     )
     enable_prefix_caching: bool = Field(default=True, description="reuse cached prompt blocks")
+    prefill_order: Literal["deadline", "arrival"] = Field(
+        default="deadline",
+        description="how a node orders the prompts it computes: deadline (by each request's "
+        "ttft_slo_ms and priority, a prompt that fits its share of a step finishing beside "
+        "longer ones) or arrival (first come, first served, each prompt taking whole steps)",
+    )
     num_threads: int | None = Field(
         default=None,
         ge=1,

@@ -15,7 +15,7 @@ from typing import Annotated, TypeVar
 import msgspec
 from msgspec import Meta
 
-from shared.sampling_params import MAX_GRAMMAR_CHARS, MAX_KEEP_TTL_S, SamplingParams
+from shared.sampling_params import MAX_GRAMMAR_CHARS, MAX_KEEP_TTL_S, MAX_PRIORITY, SamplingParams
 
 WIRE_VERSION = 2
 
@@ -85,6 +85,9 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
     # catalogue's ledger before the request is placed.
     keep: Annotated[str, Meta(pattern=r"^(|ttl|pin|drop)$")] = ""
     keep_ttl_s: Annotated[float, Meta(ge=0.0, le=MAX_KEEP_TTL_S)] = 0.0
+    # When the prompt is computed on its node (``shared.engine.prefill_order``).
+    priority: Annotated[int, Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
+    ttft_deadline: Timestamp = 0.0
 
     def to_params(self) -> SamplingParams:
         values = msgspec.structs.asdict(self)

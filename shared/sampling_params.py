@@ -27,6 +27,8 @@ MAX_GRAMMAR_CHARS = 256 * 1024
 KEEP_MODES = ("", "ttl", "pin", "drop")
 #: The longest time a prefix may be kept for (30 days); a pin has no end.
 MAX_KEEP_TTL_S = 30 * 86_400.0
+#: vLLM's ``priority`` is any integer; the wire carries 32 bits of it.
+MAX_PRIORITY = (1 << 31) - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +53,10 @@ class SamplingParams:
     ``KEEP_MODES``) with ``keep_ttl_s``: the prompt's full blocks are kept on the node that
     computes the prompt, for ``keep_ttl_s`` seconds (``ttl``) or until dropped (``pin``), or
     released there (``drop``).
+
+    When its prompt is computed (``shared.engine.prefill_order``): ``priority`` as vLLM takes
+    it (a lower value sooner), and ``ttft_deadline``, the Unix time its first token is due
+    (0: none; then it is due a fixed time after it reached the engine).
     """
 
     max_tokens: int = 16
@@ -72,6 +78,8 @@ class SamplingParams:
     cache_write: bool = True  # False: the blocks it computes are not offered to the cache
     keep: str = ""
     keep_ttl_s: float = 0.0
+    priority: int = 0
+    ttft_deadline: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,6 +119,10 @@ class SamplingParams:
         _check_int(self.output_offset, "output_offset", 0, None, "a non-negative integer")
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", 0, MAX_TOP_LOGPROBS, f"0 to {MAX_TOP_LOGPROBS}")
+        _check_int(self.priority, "priority", -MAX_PRIORITY, MAX_PRIORITY, "a 32-bit integer")
+        _check_float(self.ttft_deadline, "ttft_deadline")
+        if self.ttft_deadline < 0:
+            raise InvalidRequestError("ttft_deadline must be a Unix time or 0", "ttft_deadline")
         self._validate_processing()
 
     def _validate_processing(self) -> None:

@@ -15,6 +15,7 @@ from shared.model.files import default_cache_dir
 from shared.model.generation_config import usable
 from shared.nats_auth import NatsAuthSettings
 from shared.secrets import refused
+from shared.tenants import parse_tenant_amounts
 
 
 class GatewaySettings(GuardSettings, NatsAuthSettings):
@@ -109,6 +110,13 @@ class GatewaySettings(GuardSettings, NatsAuthSettings):
         "(crescent where it has none)",
     )
 
+    tenant_ttft_slo_ms: str = Field(
+        default="",
+        description="per-tenant time to first token objectives, name=ms,name=ms: a tenant's "
+        "requests without their own ttft_slo_ms take it (their prompts are ordered by it on "
+        "the nodes, and the scheduler refuses with 429 what it predicts cannot meet it)",
+    )
+
     _tenants: dict[bytes, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("api_keys", mode="before")
@@ -145,6 +153,7 @@ class GatewaySettings(GuardSettings, NatsAuthSettings):
                 raise refused("an API key is in both CRESCENT_API_KEYS and CRESCENT_API_KEYS_FILE")
             tenants |= listed
         self._tenants = tenants
+        self.tenant_ttft_slos_ms  # noqa: B018 - refused at start, not on a request
         if not tenants and not self.runs_open_on_purpose:
             raise refused(
                 "no API keys: set CRESCENT_API_KEYS or CRESCENT_API_KEYS_FILE, or "
@@ -152,6 +161,11 @@ class GatewaySettings(GuardSettings, NatsAuthSettings):
                 "(CRESCENT_DEV_MODE=true does too, for development)"
             )
         return self
+
+    @property
+    def tenant_ttft_slos_ms(self) -> dict[str, int]:
+        """``tenant_ttft_slo_ms`` parsed: tenant -> milliseconds."""
+        return parse_tenant_amounts(self.tenant_ttft_slo_ms, "CRESCENT_TENANT_TTFT_SLO_MS", "ms")
 
     @property
     def runs_open_on_purpose(self) -> bool:

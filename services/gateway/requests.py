@@ -107,8 +107,10 @@ class RequestBuilder:
         tool_parser: str = "auto",
         defaults: SamplingDefaults = NO_DEFAULTS,
         grammar_timeout_s: float | None = None,
+        tenant_ttft_slos_ms: dict[str, int] | None = None,
     ):
         self.tokenizer = tokenizer
+        self.tenant_ttft_slos_ms = tenant_ttft_slos_ms or {}
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.max_n = max_n
@@ -282,10 +284,13 @@ class RequestBuilder:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         now = time.time()
         vocab, defaults = self.tokenizer.vocab_size, self.defaults
+        tenant_slo = self.tenant_ttft_slos_ms.get(tenant)
         choices = []
         for p, (prompt, max_tokens) in enumerate(prompts):
             for j in range(common.n):
-                sampling = sampling_spec(body, max_tokens, logprobs, j, vocab, grammar, defaults)
+                sampling = sampling_spec(
+                    body, max_tokens, logprobs, j, vocab, grammar, defaults, now, tenant_slo
+                )
                 request = GenerateRequest(
                     request_id=f"{request_id}-{p * common.n + j}",
                     tenant=tenant,

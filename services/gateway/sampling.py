@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from typing import TypeVar
 
 from services.gateway import errors
 from services.gateway.schemas import (
+    MAX_TTFT_SLO_MS,
     CacheControl,
     ChatCompletionRequest,
     CompletionRequest,
@@ -28,9 +30,12 @@ def sampling_spec(
     vocab_size: int,
     grammar: str = "",
     defaults: SamplingDefaults = NO_DEFAULTS,
+    arrival: float = 0.0,
+    tenant_slo_ms: float | None = None,
 ) -> SamplingSpec:
     """The sequence's sampling: the body's values, else the model's ``defaults``, else
-    Crescent's own."""
+    Crescent's own. ``arrival`` (Unix time) dates the deadline of the body's ``ttft_slo_ms``,
+    or else of its tenant's objective ``tenant_slo_ms``."""
     # Sibling choices share a prompt; the same seed would make them identical, so each takes
     # the next seed and choice 0 stays what a request with n=1 and this seed gives.
     seed = body.seed
@@ -65,6 +70,10 @@ def sampling_spec(
             cache_write=not cache or cache.write is not False,
             keep=keep,
             keep_ttl_s=keep_ttl_s,
+            priority=0 if body.priority is None else body.priority,
+            ttft_deadline=ttft_deadline(
+                body.ttft_slo_ms if body.ttft_slo_ms is not None else tenant_slo_ms, arrival
+            ),
         )
     except InvalidRequestError as exc:
         raise errors.from_invalid(exc) from exc
@@ -75,6 +84,19 @@ def sampling_spec(
             "stop_token_ids",
         )
     return SamplingSpec.from_params(params)
+
+
+def ttft_deadline(slo_ms: float | None, arrival: float) -> float:
+    """When a request arriving at ``arrival`` asks its first token by (0: no objective)."""
+    if slo_ms is None:
+        return 0.0
+    if not math.isfinite(slo_ms) or not 0 < slo_ms <= MAX_TTFT_SLO_MS:
+        raise errors.invalid(
+            f"ttft_slo_ms must be a positive number of milliseconds up to {MAX_TTFT_SLO_MS:g}, "
+            f"got {slo_ms!r}",
+            "ttft_slo_ms",
+        )
+    return arrival + slo_ms / 1000
 
 
 def _first(asked: T | None, default: T | None, fallback: T) -> T:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.sampling_params import MAX_KEEP_TTL_S
+from shared.sampling_params import MAX_KEEP_TTL_S, MAX_PRIORITY
 
 
 class Strict(BaseModel):
@@ -71,6 +71,8 @@ class StructuredOutputs(Strict):
 
 #: OpenAI's rule for function names.
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
+#: The longest time to first token a request may ask for (a day).
+MAX_TTFT_SLO_MS = 86_400_000.0
 
 
 class FunctionDefinition(Strict):
@@ -188,6 +190,15 @@ class _Generation(Strict):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = Field(default=None, json_schema_extra={"maxItems": 1024})
     cache_control: CacheControl | None = None
+    # vLLM's: a lower value has its prompt computed sooner on its node.
+    priority: int | None = Field(
+        default=None, json_schema_extra={"minimum": -MAX_PRIORITY, "maximum": MAX_PRIORITY}
+    )
+    # Crescent's: the time to its first token the request asks for; its prompt is computed in
+    # the order of the deadlines these give (earliest first).
+    ttft_slo_ms: float | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_TTFT_SLO_MS}
+    )
     # Structured outputs, vLLM's way (``response_format`` is OpenAI's, chat only).
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict[str, Any] | str | None = None

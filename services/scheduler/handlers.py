@@ -18,6 +18,7 @@ from services.scheduler.lookup import (
     prompt_full_block_hashes,
 )
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.objectives import ttft_objective
 from services.scheduler.policy import (
     Placement,
     PlacementRequest,
@@ -143,7 +144,8 @@ class SchedulerHandlers:
         ask = PlacementRequest(
             len(request.prompt_token_ids), request.sampling.max_tokens, request_id=rid
         )
-        hopeless = self._hopeless(ask, request.resume)
+        slo_s = ttft_objective(request.sampling.ttft_deadline, self.slo_s, time.time())
+        hopeless = self._hopeless(ask, request.resume, slo_s)
         if hopeless is not None:
             return self._refuse(request, hopeless)
         hashes: list[BlockHash] = []
@@ -156,7 +158,7 @@ class SchedulerHandlers:
         avoid: set[str] = set()
         prefetched: set[Prefetch] = set()
         for _ in range(MAX_TRIES):
-            decision = self._decide(ask, holders, avoid, request.resume)
+            decision = self._decide(ask, holders, avoid, request.resume, slo_s)
             if isinstance(decision, Rejection):
                 return self._refuse(request, decision)
             record_placement(self.view, decision, ask)
@@ -230,11 +232,13 @@ class SchedulerHandlers:
             out[node_id] = f"{now - node.last_seen:.1f} s ago ({usable}{gone})"
         return out
 
-    def _hopeless(self, ask: PlacementRequest, resumed: bool) -> Rejection | None:
+    def _hopeless(
+        self, ask: PlacementRequest, resumed: bool, slo_s: float | None
+    ) -> Rejection | None:
         """An overload is refused before the catalogue is asked: when even a prompt cached
         whole on every node would miss the TTFT objective (queues alone are too long), no
         answer of cachemeta can save it, so the refusal costs no lookup."""
-        if self.slo_s is None or resumed or self.round_robin:
+        if slo_s is None or resumed or self.round_robin:
             return None
         now = time.monotonic()
         blocks = ask.num_prompt_tokens // max(self._block_size(now), 1)
@@ -243,7 +247,7 @@ class SchedulerHandlers:
         everywhere = [
             PrefixHolder(n.node_id, "dram", blocks) for n in self.view.targets("prefill", now)
         ]
-        best = place(ask, self.view, everywhere, now, self.slo_s, tbt_slo_s=self.tbt_slo_s)
+        best = place(ask, self.view, everywhere, now, slo_s, tbt_slo_s=self.tbt_slo_s)
         return best if isinstance(best, Rejection) and best.cause == "ttft_slo" else None
 
     def ttft_floor(self) -> float:
@@ -279,17 +283,22 @@ class SchedulerHandlers:
         return nodes[0].block_size if nodes else 0
 
     def _decide(
-        self, ask: PlacementRequest, holders: list[PrefixHolder], avoid: set[str], resumed: bool
+        self,
+        ask: PlacementRequest,
+        holders: list[PrefixHolder],
+        avoid: set[str],
+        resumed: bool,
+        slo_s: float | None,
     ) -> Placement | Rejection:
         now = time.monotonic()
         if self.round_robin:
             self._turn += 1
             return place_round_robin(
-                ask, self.view, self._turn, now, self.slo_s, tbt_slo_s=self.tbt_slo_s,
+                ask, self.view, self._turn, now, slo_s, tbt_slo_s=self.tbt_slo_s,
                 avoid=avoid, resumed=resumed,
             )  # fmt: skip
         return place(
-            ask, self.view, holders, now, self.slo_s, tbt_slo_s=self.tbt_slo_s, avoid=avoid,
+            ask, self.view, holders, now, slo_s, tbt_slo_s=self.tbt_slo_s, avoid=avoid,
             resumed=resumed, local_prefill=self.local_prefill,
         )  # fmt: skip
 

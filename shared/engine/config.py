@@ -19,6 +19,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
+    prefill_order: str = "deadline"  # or "arrival" (``shared.engine.prefill_order``)
     kv_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()
 

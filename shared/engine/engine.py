@@ -66,7 +66,11 @@ class LLMEngine:
         restart_at = runner.model.config.rope_restart_length
         restart = None if restart_at is None else RopeRestart(restart_at, self._rope_scopes.rescope)
         self.scheduler = Scheduler(
-            self.kv, config.max_num_seqs, config.max_num_batched_tokens, restart
+            self.kv,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            restart,
+            by_deadline=config.prefill_order != "arrival",
         )
         # The prompt blocks requests asked to keep (``SamplingParams.keep``).
         self.keeps = PoolKeeps(self.pool)
@@ -361,7 +365,7 @@ class LLMEngine:
                 f"request id {request_id!r} is already in flight", "request_id"
             )
         check_request_fits(prompt, params, self.runner.model.config.vocab_size, self.config)
-        seq = Sequence(request_id, list(prompt), params, b"")
+        seq = Sequence(request_id, list(prompt), params, b"", arrival=time.time())
         self._rope_scopes.assign(seq, cache_salt, params.output_offset)
         seq.quota_key = quota_key(cache_salt)
         seq.logits_processor = self._logits_processor(prompt, params)

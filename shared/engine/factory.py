@@ -97,6 +97,7 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
         max_num_batched_tokens=settings.max_num_batched_tokens,
         max_model_len=max_len,
         enable_prefix_caching=settings.enable_prefix_caching,
+        prefill_order=settings.prefill_order,
         kv_dtype=kv_dtype,
         eos_token_ids=tuple(sorted(eos)),
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from shared.engine.kv_manager import KVCacheManager
 from shared.engine.partial_blocks import PartialHit
+from shared.engine.prefill_order import MIN_PREFILL_SHARE, share_budget, urgency
 from shared.engine.sequence import Sequence, SequenceStatus
 from shared.kv.pool import KVBlock
 
@@ -53,14 +54,16 @@ class SchedulerOutput:
 class Scheduler:
     """Owns the waiting queue and the running list.
 
-    Each step gives every running sequence its next tokens first, decodes (one token each)
-    before the chunks of prompts still being prefilled, then admits waiting sequences while
-    the token budget, the sequence cap and the pool allow. Decodes go first so that a long
-    prompt's chunks, each as large as the budget, never hold a running stream back for the
-    rest of its prefill: they share each step with the decodes instead. When a running
-    sequence cannot get a block, the most recently admitted one is preempted: its blocks go
-    back to the pool (and stay in the prefix cache), and it is recomputed later from its
-    tokens.
+    Each step gives every running sequence that decodes its next token first, then shares
+    what is left of the token budget between the prompts being prefilled and those waiting to
+    be admitted, most urgent first (``shared.engine.prefill_order``: by TTFT deadline and
+    priority; those whose rest fits an equal share finish first, the most urgent of the others
+    takes what is left), while the sequence cap and the pool allow; with ``by_deadline``
+    False, in arrival order, each taking whole steps. Decodes go first so that a long prompt's
+    chunks never hold a running stream back for the rest of its prefill, and a short prompt
+    is not held back for the whole of a long one either. When a running sequence
+    cannot get a block, the most recently admitted one is preempted: its blocks go back to the
+    pool (and stay in the prefix cache), and it is recomputed later from its tokens.
     """
 
     def __init__(
@@ -69,11 +72,16 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         restart: RopeRestart | None = None,
+        min_share: int = MIN_PREFILL_SHARE,
+        by_deadline: bool = True,
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.restart = restart
+        self.min_share = min_share
+        # False: first come, first served, each prompt taking whole steps (vLLM's fcfs).
+        self.by_deadline = by_deadline
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -85,9 +93,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.max_num_batched_tokens)
-        if not out.preempted:
-            self._admit_waiting(out, budget)
+        budget = self._schedule_decodes(out, self.max_num_batched_tokens)
+        self._schedule_prompts(out, budget)
         out.chunks.sort(key=lambda c: c.num_new != 1)
         return out
 
@@ -106,48 +113,92 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        # A stable sort: decodes first, each group in the order it was admitted.
-        for seq in sorted(self.running, key=lambda s: s.num_tokens - s.num_computed_tokens > 1):
-            if seq.status is not SequenceStatus.RUNNING or budget == 0:
-                continue
-            if self.restart is not None and self.restart.due(seq):
-                self._preempt(seq, out)
-                self.restart.rescope(seq)
-                continue
-            num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            while not self.kv.allocate(seq, num_new):
-                victim = self.running[-1]
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-            else:
-                out.chunks.append(ScheduledChunk(seq, num_new))
-                budget -= num_new
+    def urgency(self, seq: Sequence) -> float:
+        if not self.by_deadline:
+            return seq.arrival
+        return urgency(seq.params.priority, seq.params.ttft_deadline, seq.arrival)
+
+    def _schedule_decodes(self, out: SchedulerOutput, budget: int) -> int:
+        for seq in list(self.running):  # in the order they were admitted
+            if budget == 0:
+                break
+            if (
+                seq.status is SequenceStatus.RUNNING
+                and _left(seq) == 1
+                and self._place(seq, 1, out)
+            ):
+                budget -= 1
         return budget
 
-    def _admit_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
-            cached: list[KVBlock] = []
-            partial: PartialHit | None = None
-            if seq.num_computed_tokens == 0:
-                cached = self.kv.find_cached_prefix(seq)
-                partial = self.kv.find_partial_block(seq, len(cached))
-            reused = len(cached) * self.kv.block_size + (partial.num_tokens if partial else 0)
-            num_computed = seq.num_computed_tokens + reused
-            num_new = min(seq.num_tokens - num_computed, budget)
-            if not self.kv.allocate(seq, num_new + reused, cached, partial):
-                break
-            if seq.num_cached_tokens < 0:
-                seq.num_cached_tokens = reused
-            seq.num_computed_tokens = num_computed
-            self.waiting.popleft()
-            seq.status = SequenceStatus.RUNNING
-            seq.admitted_at = seq.admitted_at or time.monotonic()
-            self.running.append(seq)
-            out.chunks.append(ScheduledChunk(seq, num_new))
-            budget -= num_new
+    def _schedule_prompts(self, out: SchedulerOutput, budget: int) -> None:
+        prompts = [s for s in self.running if s.status is SequenceStatus.RUNNING and _left(s) > 1]
+        room = self.max_num_seqs - len(self.running)
+        waiting = [] if out.preempted or room <= 0 else self._most_urgent_waiting(room)
+        candidates = sorted(prompts + waiting, key=self.urgency)
+        min_share = self.min_share if self.by_deadline else 0
+        remaining = [self._left_to_compute(s) for s in candidates]
+        grants = share_budget(remaining, budget, min_share)
+        admitting = True
+        for seq, grant in zip(candidates, grants, strict=True):
+            if grant == 0:
+                continue
+            if seq.status is SequenceStatus.RUNNING:
+                self._place(seq, grant, out)
+            elif seq.status is SequenceStatus.WAITING and admitting and not out.preempted:
+                # The first that does not fit stops admissions: later ones, smaller maybe,
+                # would take the blocks the more urgent one waits for.
+                admitting = self._admit(seq, grant, out)
+
+    def _most_urgent_waiting(self, count: int) -> list[Sequence]:
+        return sorted(self.waiting, key=self.urgency)[:count]
+
+    def _left_to_compute(self, seq: Sequence) -> int:
+        """Tokens a sequence has left to compute; for one not admitted yet, less what the
+        prefix cache would give it now."""
+        if seq.status is SequenceStatus.WAITING and seq.num_computed_tokens == 0:
+            return seq.num_tokens - self._reuse(seq)[2]
+        return _left(seq)
+
+    def _reuse(self, seq: Sequence) -> tuple[list[KVBlock], PartialHit | None, int]:
+        cached = self.kv.find_cached_prefix(seq)
+        partial = self.kv.find_partial_block(seq, len(cached))
+        reused = len(cached) * self.kv.block_size + (partial.num_tokens if partial else 0)
+        return cached, partial, reused
+
+    def _place(self, seq: Sequence, num_new: int, out: SchedulerOutput) -> bool:
+        """Schedules ``num_new`` more tokens of a running sequence, preempting the most
+        recently admitted ones while the pool is short; False if ``seq`` itself was."""
+        if self.restart is not None and self.restart.due(seq):
+            self._preempt(seq, out)
+            self.restart.rescope(seq)
+            return False
+        while not self.kv.allocate(seq, num_new):
+            victim = self.running[-1]
+            self._preempt(victim, out)
+            if victim is seq:
+                return False
+        out.chunks.append(ScheduledChunk(seq, num_new))
+        return True
+
+    def _admit(self, seq: Sequence, grant: int, out: SchedulerOutput) -> bool:
+        cached: list[KVBlock] = []
+        partial: PartialHit | None = None
+        reused = 0
+        if seq.num_computed_tokens == 0:  # looked up again: blocks may have moved since
+            cached, partial, reused = self._reuse(seq)
+        num_computed = seq.num_computed_tokens + reused
+        num_new = min(seq.num_tokens - num_computed, grant)
+        if not self.kv.allocate(seq, num_new + reused, cached, partial):
+            return False
+        if seq.num_cached_tokens < 0:
+            seq.num_cached_tokens = reused
+        seq.num_computed_tokens = num_computed
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        seq.admitted_at = seq.admitted_at or time.monotonic()
+        self.running.append(seq)
+        out.chunks.append(ScheduledChunk(seq, num_new))
+        return True
 
     def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         self.running.remove(seq)
@@ -157,3 +208,7 @@ class Scheduler:
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
         out.chunks = [c for c in out.chunks if c.seq is not seq]
+
+
+def _left(seq: Sequence) -> int:
+    return seq.num_tokens - seq.num_computed_tokens

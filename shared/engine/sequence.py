@@ -59,6 +59,7 @@ class Sequence:
     cache_salt: bytes = b""  # its cache scope, before any narrowing by its rope
     rope_scope: str = ""  # how its tokens are rotated, where that depends on its length
     admitted_at: float = 0.0  # monotonic time of its first step (0: none yet), for its phases
+    arrival: float = 0.0  # wall-clock time it reached the engine: when it is due, with no deadline
     # Rules that depend on the tokens it generated (penalties, grammar); None when it has none.
     logits_processor: SequenceLogitsProcessor | None = None
 

@@ -129,6 +129,29 @@ def test_sampling_value_bounds(builder: RequestBuilder) -> None:
     assert (sampling.temperature, sampling.top_k) == (0.01, 2**31)
 
 
+def test_priority_and_the_ttft_objective_reach_the_nodes(builder: RequestBuilder) -> None:
+    plain = chat(builder).choices[0].request
+    assert (plain.sampling.priority, plain.sampling.ttft_deadline) == (0, 0.0)
+    asked = chat(builder, priority=-3, ttft_slo_ms=1500, n=2)
+    for choice in asked.choices:
+        request = choice.request
+        assert request.sampling.priority == -3
+        assert request.sampling.ttft_deadline == pytest.approx(request.arrival_ts + 1.5)
+
+
+def test_a_tenants_objective_applies_unless_the_request_brings_its_own(
+    tokenizer: Tokenizer,
+) -> None:
+    builder = RequestBuilder(tokenizer, MODEL, MAX_LEN, max_n=4, tenant_ttft_slos_ms={"a": 800})
+    body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": HELLO})
+    request = builder.chat(body, "a").choices[0].request
+    assert request.sampling.ttft_deadline == pytest.approx(request.arrival_ts + 0.8)
+    assert builder.chat(body, "b").choices[0].request.sampling.ttft_deadline == 0.0
+    own = body.model_copy(update={"ttft_slo_ms": 5000.0})
+    request = builder.chat(own, "a").choices[0].request
+    assert request.sampling.ttft_deadline == pytest.approx(request.arrival_ts + 5.0)
+
+
 def test_logprobs_mapping(builder: RequestBuilder) -> None:
     assert chat(builder, logprobs=True).options.logprobs == 0
     assert chat(builder, logprobs=True, top_logprobs=3).choices[0].request.sampling.logprobs == 3
@@ -188,6 +211,10 @@ def test_stop_cache_salt_and_stream_options(builder: RequestBuilder) -> None:
         ({"frequency_penalty": -3}, "frequency_penalty"),
         ({"repetition_penalty": 0}, "repetition_penalty"),
         ({"min_tokens": 50, "max_tokens": 10}, "min_tokens"),
+        ({"priority": 2**31}, "priority"),
+        ({"ttft_slo_ms": 0}, "ttft_slo_ms"),
+        ({"ttft_slo_ms": -5}, "ttft_slo_ms"),
+        ({"ttft_slo_ms": 1e12}, "ttft_slo_ms"),
         ({"stop_token_ids": [-1]}, "stop_token_ids"),
         ({"stop_token_ids": [10**6]}, "stop_token_ids"),
         (

@@ -27,6 +27,17 @@ def test_settings_come_from_crescent_variables(monkeypatch: pytest.MonkeyPatch) 
     assert settings.max_request_bytes == 4 * 1024 * 1024
 
 
+def test_tenant_objectives_are_read_and_a_malformed_list_stops_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CRESCENT_API_KEYS", "k1:a")
+    monkeypatch.setenv("CRESCENT_TENANT_TTFT_SLO_MS", "a=500, b=2000")
+    assert GatewaySettings().tenant_ttft_slos_ms == {"a": 500, "b": 2000}
+    monkeypatch.setenv("CRESCENT_TENANT_TTFT_SLO_MS", "a=fast")
+    with pytest.raises(ValidationError, match="CRESCENT_TENANT_TTFT_SLO_MS"):
+        GatewaySettings()
+
+
 SECRET_KEY = "sk-live-4f9c2a7d1e"
 
 

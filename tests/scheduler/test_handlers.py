@@ -16,7 +16,7 @@ from services.scheduler.lookup import prompt_block_hashes
 from shared import subjects
 from shared.cluster_messages import PullPlan
 from shared.memory_bus import MemoryBus
-from shared.messages import AbortRequest
+from shared.messages import AbortRequest, GenerateRequest
 from shared.nats_events import DISCONNECT_TYPE
 from shared.rpc.client import CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
@@ -163,6 +163,28 @@ def test_a_request_over_the_slo_is_rejected_with_429_and_retry_after() -> None:
             assert reply.retry_after_s is not None and reply.retry_after_s >= 1
             assert h.tasks.empty()
             assert h.sample("crescent_rejections_total", {"cause": "ttft_slo"}) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_request_whose_own_deadline_is_out_of_reach_is_refused_at_placement() -> None:
+    """No objective configured on the scheduler: the request's own (``ttft_slo_ms``, as the
+    gateway turns it into a deadline) decides, and a looser one lets the same prompt in."""
+
+    def due_in(request_id: str, seconds: float) -> GenerateRequest:
+        request = generate(request_id)
+        request.sampling.ttft_deadline = time.time() + seconds
+        return request
+
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta()) as h:
+            await h.nodes(beat("A", "prefill", queued_tokens=8192), beat("D", "decode"))
+            tight = await h.send(due_in("r-tight", 0.05))
+            assert not tight.accepted and tight.error_code == 429 and "objective" in tight.error
+            assert h.tasks.empty()
+            assert h.sample("crescent_rejections_total", {"cause": "ttft_slo"}) == 1
+            assert (await h.send(due_in("r-loose", 3600))).accepted
+            assert (await h.send(generate("r-none"))).accepted
 
     asyncio.run(scenario())
 

@@ -1,0 +1,16 @@
+"""The time to first token a request may take, from its own deadline and the scheduler's
+objective. Pure: the caller gives the wall-clock time."""
+
+from __future__ import annotations
+
+
+def ttft_objective(deadline: float, default_s: float | None, now: float) -> float | None:
+    """What is left of a request's TTFT objective at Unix time ``now``: up to its own
+    ``deadline`` (set by the gateway from the request's ``ttft_slo_ms`` or its tenant's
+    objective; 0 when it has none), and within the scheduler's ``default_s``; the tighter
+    of the two when both are set, None when neither is. Never negative: a deadline already
+    passed leaves 0, which no prediction meets."""
+    if deadline <= 0:
+        return default_s
+    left = max(deadline - now, 0.0)
+    return left if default_s is None else min(left, default_s)

@@ -1,0 +1,113 @@
+"""Which prompts an engine step computes: by deadline and priority, with the step shared, so a
+short prompt overtakes a long one mid-prefill and nothing starves."""
+
+from __future__ import annotations
+
+import time
+
+from shared.engine.engine import LLMEngine
+from shared.engine.prefill_order import (
+    DEFAULT_TTFT_S,
+    PRIORITY_STEP_S,
+    share_budget,
+    urgency,
+)
+from shared.sampling_params import SamplingParams
+from tests.engine.conftest import EngineFactory
+from tests.engine.test_engine_scheduling import prompts, run_alone
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+
+
+def test_prompts_that_fit_a_share_finish_and_the_most_urgent_takes_the_rest() -> None:
+    assert share_budget([1000, 20], 256, 16) == [236, 20]
+    # Long prompts are not slowed down together: the most urgent takes the step.
+    assert share_budget([1000, 1000], 256, 16) == [256, 0]
+    assert share_budget([500, 40, 500, 30], 256, 16) == [186, 40, 0, 30]
+    # A prompt just over its share waits, like a long one.
+    assert share_budget([1000, 140], 256, 16) == [256, 0]
+    assert share_budget([5, 7], 256, 16) == [5, 7]
+    assert share_budget([], 256, 16) == []
+    assert share_budget([10], 0, 16) == [0]
+    # A budget under two minimum shares is shared in halves.
+    assert share_budget([1000, 12], 64, 128) == [52, 12]
+
+
+def test_deadlines_order_prompts_and_priority_moves_them() -> None:
+    now = 1_000_000.0
+    assert urgency(0, now + 1, now) < urgency(0, now + 2, now - 100)
+    assert urgency(0, 0.0, now) == now + DEFAULT_TTFT_S  # no deadline: due after a while
+    assert urgency(-1, 0.0, now) == urgency(0, 0.0, now) - PRIORITY_STEP_S
+    # Aging: a low-priority prompt that waited long enough comes before a new urgent one.
+    assert urgency(5, 0.0, now) < urgency(-1, 0.0, now + 7)
+
+
+def run_all(
+    engine: LLMEngine, started: tuple[str, ...] = ()
+) -> tuple[list[str], dict[str, list[int]]]:
+    """Steps until every request is done: the ids in the order their first token came out
+    (but ``started``, which had theirs), and each one's tokens."""
+    order: list[str] = list(started)
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.output_token_ids and out.request_id not in order:
+                order.append(out.request_id)
+            if out.finished:
+                tokens[out.request_id] = out.output_token_ids
+    return order[len(started) :], tokens
+
+
+def test_a_short_prompt_overtakes_a_long_one_mid_prefill(make_engine: EngineFactory) -> None:
+    long_prompt, short_prompt = prompts(1, 600, 600, seed=80)[0], prompts(1, 12, 12, seed=81)[0]
+    engine = make_engine(num_kv_blocks=256, max_num_batched_tokens=64)
+    engine.add_request("long", long_prompt, GREEDY)
+    for _ in range(3):  # the long prompt is mid-prefill: 192 of its 600 tokens done
+        engine.step()
+    engine.add_request("short", short_prompt, GREEDY)
+    steps_before = engine.stats.steps
+    first: list[str] = []
+    while not first:
+        first = [o.request_id for o in engine.step() if o.output_token_ids]
+    # The short prompt was done within a step, beside the long one, not after its 7 more.
+    assert first == ["short"] and engine.stats.steps - steps_before == 1
+    order, tokens = run_all(engine, started=("short",))
+    assert order == ["long"]
+    alone = make_engine(num_kv_blocks=256).generate([long_prompt], GREEDY)[0]
+    assert tokens["long"] == alone.output_token_ids
+
+
+def test_in_arrival_order_the_short_prompt_waits_for_the_long_one(
+    make_engine: EngineFactory,
+) -> None:
+    long_prompt, short_prompt = prompts(1, 600, 600, seed=80)[0], prompts(1, 12, 12, seed=81)[0]
+    engine = make_engine(num_kv_blocks=256, max_num_batched_tokens=64, prefill_order="arrival")
+    engine.add_request("long", long_prompt, GREEDY)
+    engine.step()
+    engine.add_request("short", short_prompt, GREEDY)
+    order, _ = run_all(engine)
+    assert order == ["long", "short"]
+
+
+def test_an_earlier_deadline_or_priority_goes_first_and_tokens_do_not_change(
+    make_engine: EngineFactory,
+) -> None:
+    batch = prompts(3, 150, 150, seed=82)
+    now = time.time()
+    engine = make_engine(num_kv_blocks=256, max_num_batched_tokens=64)
+    late, soon = (
+        SamplingParams(**_greedy(ttft_deadline=now + 60)),
+        SamplingParams(**_greedy(ttft_deadline=now + 1)),
+    )
+    urgent = SamplingParams(**_greedy(priority=-20))  # due 10 s before now
+    engine.add_request("late", batch[0], late)
+    engine.add_request("soon", batch[1], soon)
+    engine.add_request("urgent", batch[2], urgent)
+    order, tokens = run_all(engine)
+    assert order == ["urgent", "soon", "late"]
+    for rid, prompt in zip(("late", "soon", "urgent"), batch, strict=True):
+        assert tokens[rid] == run_alone(make_engine, prompt, GREEDY)
+
+
+def _greedy(**more: object) -> dict[str, object]:
+    return {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, **more}

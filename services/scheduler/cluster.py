@@ -73,8 +73,10 @@ class CostParams:
     fp32, 32 tokens). ``pull_overhead_s``: fixed cost of a pull (pin round trip, setup).
     ``nvme_read_bandwidth`` / ``s3_read_bandwidth``: bytes/s a tierd reads a tier at when it
     has not measured it; ``nvme_latency_s`` / ``s3_latency_s``: what a read of that tier adds
-    to a pull before its first byte. ``local_prefill_max_pause_s``: the longest a prompt
-    computed on a decode node may pause the sequences decoding there (None: no bound).
+    to a pull before its first byte. ``local_prefill_stall_weight``: how many seconds of a
+    request's wait one second of a stream's pause by a local prefill counts as.
+    ``local_prefill_max_pause_s``: the longest a prompt computed on a decode node may pause
+    the sequences decoding there (None: no absolute bound; the weighed sums decide).
     ``local_prefill_max_idle_compute_s``: the longest a prompt's compute on a decode node
     with nothing decoding may take (None: no bound).
     """
@@ -87,7 +89,8 @@ class CostParams:
     s3_read_bandwidth: float = 2.5e8
     nvme_latency_s: float = 0.001
     s3_latency_s: float = 0.02
-    local_prefill_max_pause_s: float | None = 0.1
+    local_prefill_stall_weight: float = 2.0
+    local_prefill_max_pause_s: float | None = None
     local_prefill_max_idle_compute_s: float | None = 2.0
 
     def tier_latency_s(self, tier: str) -> float:

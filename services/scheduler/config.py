@@ -98,11 +98,19 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
         "with no KV hand-off, when the measured costs say that is cheaper (a short prompt, or "
         "one the decode node already caches)",
     )
-    local_prefill_max_pause_ms: float = Field(
-        default=100.0,
+    local_prefill_stall_weight: float = Field(
+        default=2.0,
         gt=0,
-        description="a decode node prefills a request itself only if that pauses the "
-        "sequences it is decoding for at most this long",
+        description="how many seconds of a request's wait for its first token one second of "
+        "a stream paused by a local prefill counts as: a decode node prefills a request "
+        "itself when the weighed pause of its streams is less than the wait the request "
+        "would see on a prefill node, both predicted",
+    )
+    local_prefill_max_pause_ms: float | None = Field(
+        default=None,
+        gt=0,
+        description="an absolute bound on top: a decode node prefills a request itself only "
+        "if that pauses the sequences it is decoding for at most this long; default: none",
     )
     local_prefill_max_idle_compute_ms: float = Field(
         default=2000.0,
@@ -162,7 +170,12 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
             s3_read_bandwidth=self.s3_read_bandwidth,
             nvme_latency_s=self.nvme_latency_ms / 1000,
             s3_latency_s=self.s3_latency_ms / 1000,
-            local_prefill_max_pause_s=self.local_prefill_max_pause_ms / 1000,
+            local_prefill_stall_weight=self.local_prefill_stall_weight,
+            local_prefill_max_pause_s=(
+                None
+                if self.local_prefill_max_pause_ms is None
+                else self.local_prefill_max_pause_ms / 1000
+            ),
             local_prefill_max_idle_compute_s=self.local_prefill_max_idle_compute_ms / 1000,
         )
 

@@ -7,7 +7,7 @@ prompt's tokens and attention (the step's fixed cost they share). In seconds, fr
 measured step times (``timing.py``), hand-off times (``handoff.py``) and pull bandwidths:
 
     local  = wait on d + fetch of what d lacks + compute on d
-             + (sequences decoding on d by then) x pause
+             + stall weight x (sequences decoding on d by then) x pause
     remote = TTFT on the best prefill node + hand-off of the prompt blocks d lacks
 
 Either way the request's second token comes one decode step after it can join ``d``'s batch
@@ -36,12 +36,14 @@ from shared.rpc.types import PrefixHolder
 class LocalPrefill:
     """A request prefilled on decode node ``cost.node_id``: ``cost`` prices its wait, pulls
     and compute there; ``pause_s`` is what its compute adds to the steps of the ``decoding``
-    other sequences there; ``step_s`` is one decode step of that node."""
+    other sequences there; ``step_s`` is one decode step of that node. Each second a stream is
+    paused counts ``stall_weight`` seconds of waiting (``CostParams``)."""
 
     cost: PrefillCost
     pause_s: float
     decoding: int
     step_s: float
+    stall_weight: float = 1.0
 
     @property
     def ttft_s(self) -> float:
@@ -49,7 +51,7 @@ class LocalPrefill:
 
     @property
     def total_s(self) -> float:
-        return self.cost.ttft_s + self.decoding * self.pause_s
+        return self.cost.ttft_s + self.stall_weight * self.decoding * self.pause_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +74,15 @@ def prefer_local(
     max_pause_s: float | None = None,
     max_idle_compute_s: float | None = None,
 ) -> bool:
-    """Whether prefilling on the decode node beats handing off (module docstring). Never when
-    it would pause the sequences decoding there longer than ``max_pause_s``: those sums count
-    time, whoever waits, and a stall in a stream its reader is watching costs more than time.
-    Nor, on a node with nothing decoding, when its compute takes longer than
-    ``max_idle_compute_s``: streams handed to the node meanwhile, which no forecast can count,
-    wait for its long steps (a step between two changes to the node's batch) to join it,
-    while handing a long prompt off costs little beside its compute."""
+    """Whether prefilling on the decode node beats handing off (module docstring): the pause
+    of the streams decoding there, each weighed ``local.stall_weight`` times a second of
+    waiting (a stall in a stream its reader is watching costs more than time), against the
+    wait the request would see elsewhere, both predicted. Never when it would pause them
+    longer than ``max_pause_s``, where an operator set an absolute bound. Nor, on a node with
+    nothing decoding, when its compute takes longer than ``max_idle_compute_s``: streams
+    handed to the node meanwhile, which no forecast can count, wait for its long steps (a
+    step between two changes to the node's batch) to join it, while handing a long prompt
+    off costs little beside its compute."""
     if tbt_slo_s is not None and local.step_s + local.pause_s > tbt_slo_s:
         return False
     if max_pause_s is not None and local.decoding > 0 and local.pause_s > max_pause_s:
@@ -132,7 +136,7 @@ def choose_local(
         cost = pricing.cost_on(node, pricing.model_of(coef, step, node.block_size))
         pause = pause_seconds(pause_coef, request.num_prompt_tokens, cost.cached_tokens, step)
         running = decoding(view, node, request, now, now + cost.ttft_s)
-        local = LocalPrefill(cost, pause, running, f.tbt_s)
+        local = LocalPrefill(cost, pause, running, f.tbt_s, view.costs.local_prefill_stall_weight)
         if best is None or local.total_s < best[0].total_s:
             best = (local, f)
     target = view.nodes.get(ranked[0].node_id)
@@ -205,6 +209,7 @@ def break_even_tokens(
     limit: int = 1 << 20,
     max_pause_s: float | None = None,
     max_idle_compute_s: float | None = None,
+    stall_weight: float = 1.0,
 ) -> int:
     """The longest fresh prompt (nothing cached, idle queues) that ``prefer_local`` prefills
     on a decode node stepping in ``step_s`` with ``decoding`` other sequences, when a prefill
@@ -217,7 +222,7 @@ def break_even_tokens(
         pause = pause_seconds(coef, tokens, 0, max_batched_tokens)
         cost = PrefillCost("", 0.0, 0.0, compute, 0, 0, (), 0)
         remote = Disaggregated(compute, handoff.seconds(-(-tokens // block_size)))
-        local = LocalPrefill(cost, pause, decoding, step_s)
+        local = LocalPrefill(cost, pause, decoding, step_s, stall_weight)
         return prefer_local(local, remote, tbt_slo_s, max_pause_s, max_idle_compute_s)
 
     if not local_wins(1):

@@ -82,22 +82,28 @@ def test_prefer_local_weighs_the_pause_of_every_decoding_sequence() -> None:
     assert not prefer_local(LocalPrefill(cost, 0.0, 0, 0.02), remote, 0.01)
 
 
-def test_a_local_prefill_never_pauses_decoding_sequences_past_the_bound() -> None:
+def test_a_streams_pause_is_weighed_against_the_wait_the_request_saves() -> None:
     cost = PrefillCost("d", 0.0, 0.0, 0.2, 0, 0, (), 0)
     queued = Disaggregated(ttft_s=5.0, handoff_s=0.05)  # the prefill node is far behind
-    long_pause = LocalPrefill(cost, 0.3, 1, 0.02)
+    weight = CostParams().local_prefill_stall_weight
+    assert weight > 1  # a second of a watched stream's stall costs more than one of waiting
+    long_pause = LocalPrefill(cost, 0.3, 1, 0.02, weight)
     assert prefer_local(long_pause, queued, None)
+    idle = Disaggregated(ttft_s=0.2, handoff_s=0.05)
+    assert not prefer_local(long_pause, idle, None)
+    assert prefer_local(LocalPrefill(cost, 0.3, 0, 0.02, weight), idle, None)  # nobody paused
+    # An operator's absolute bound still holds, whatever the wait.
     assert not prefer_local(long_pause, queued, None, max_pause_s=0.1)
-    # With nothing decoding there, no one is paused.
-    assert prefer_local(LocalPrefill(cost, 0.3, 0, 0.02), queued, None, max_pause_s=0.1)
-    # Through placement, with the default bound: a prompt pausing a decoding sequence
-    # longer than it goes to the prefill node, which is otherwise priced alike.
-    bound = CostParams().local_prefill_max_pause_s
-    assert bound is not None
+    # Through placement: a prompt that would pause a stream goes to an idle prefill node, and
+    # stays on the decode node when the prefill node is far behind (its queue's wait is
+    # predicted): no fixed bound on the pause decides it.
     tokens = 400
-    assert pause_seconds(COEF, tokens, 0, STEP) > bound
+    assert pause_seconds(COEF, tokens, 0, STEP) > 0.1
     assert not decide(cluster(1), tokens).local
     assert decide(cluster(0), tokens).local
+    behind = cluster(1)
+    behind.update(node("p", "prefill", queued_tokens=20_000))
+    assert decide(behind, tokens).local
 
 
 def test_a_few_short_steps_of_the_prefill_node_do_not_make_a_long_pause_look_free() -> None:
@@ -120,8 +126,8 @@ def test_a_few_short_steps_of_the_prefill_node_do_not_make_a_long_pause_look_fre
 @pytest.mark.parametrize("running", [1, 3])
 def test_a_fresh_prompt_is_prefilled_locally_up_to_the_break_even_length(running: int) -> None:
     view = cluster(running)
-    bound = view.costs.local_prefill_max_pause_s
-    limit = break_even_tokens(COEF, STEP, 0.0, running, fitted(view), 32, max_pause_s=bound)
+    weight = view.costs.local_prefill_stall_weight
+    limit = break_even_tokens(COEF, STEP, 0.0, running, fitted(view), 32, stall_weight=weight)
     assert 1 < limit < 10_000
     short, long = decide(view, limit), decide(cluster(running), limit + 1)
     assert short.local and short.prefill_node == "d" and short.decode_nodes == ["d"]

@@ -11,6 +11,7 @@ from shared.engine.kv_manager import KVCacheManager
 from shared.engine.partial_blocks import PartialHit
 from shared.engine.prefill_order import MIN_PREFILL_SHARE, share_budget, urgency
 from shared.engine.sequence import Sequence, SequenceStatus
+from shared.engine.tenant_share import TenantService, in_turns
 from shared.kv.pool import KVBlock
 
 
@@ -58,7 +59,8 @@ class Scheduler:
     what is left of the token budget between the prompts being prefilled and those waiting to
     be admitted, most urgent first (``shared.engine.prefill_order``: by TTFT deadline and
     priority; those whose rest fits an equal share finish first, the most urgent of the others
-    takes what is left), while the sequence cap and the pool allow; with ``by_deadline``
+    takes what is left; tenants take turns, the least served first: ``tenant_share``), while
+    the sequence cap and the pool allow; with ``by_deadline``
     False, in arrival order, each taking whole steps. Decodes go first so that a long prompt's
     chunks never hold a running stream back for the rest of its prefill, and a short prompt
     is not held back for the whole of a long one either. When a running sequence
@@ -82,6 +84,7 @@ class Scheduler:
         self.min_share = min_share
         # False: first come, first served, each prompt taking whole steps (vLLM's fcfs).
         self.by_deadline = by_deadline
+        self.tenants = TenantService()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -134,7 +137,16 @@ class Scheduler:
         prompts = [s for s in self.running if s.status is SequenceStatus.RUNNING and _left(s) > 1]
         room = self.max_num_seqs - len(self.running)
         waiting = [] if out.preempted or room <= 0 else self._most_urgent_waiting(room)
-        candidates = sorted(prompts + waiting, key=self.urgency)
+        now = time.monotonic()
+        if self.by_deadline:
+            candidates = in_turns(
+                prompts + waiting,
+                _tenant,
+                self.urgency,
+                lambda t: self.tenants.served(t, now),
+            )
+        else:
+            candidates = sorted(prompts + waiting, key=self.urgency)
         min_share = self.min_share if self.by_deadline else 0
         remaining = [self._left_to_compute(s) for s in candidates]
         grants = share_budget(remaining, budget, min_share)
@@ -143,11 +155,15 @@ class Scheduler:
             if grant == 0:
                 continue
             if seq.status is SequenceStatus.RUNNING:
-                self._place(seq, grant, out)
+                placed = self._place(seq, grant, out)
             elif seq.status is SequenceStatus.WAITING and admitting and not out.preempted:
                 # The first that does not fit stops admissions: later ones, smaller maybe,
                 # would take the blocks the more urgent one waits for.
-                admitting = self._admit(seq, grant, out)
+                placed = admitting = self._admit(seq, grant, out)
+            else:
+                placed = False
+            if placed:
+                self.tenants.add(_tenant(seq), grant, now)
 
     def _most_urgent_waiting(self, count: int) -> list[Sequence]:
         return sorted(self.waiting, key=self.urgency)[:count]
@@ -208,6 +224,10 @@ class Scheduler:
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
         out.chunks = [c for c in out.chunks if c.seq is not seq]
+
+
+def _tenant(seq: Sequence) -> bytes:
+    return seq.quota_key  # the keyed hash of its tenant: the scope its blocks count against
 
 
 def _left(seq: Sequence) -> int:

@@ -1,0 +1,71 @@
+"""Fair shares of a node's prompt computation between tenants.
+
+Each tenant's recent service is the prompt tokens the node computed for it, decayed with a
+half-life of ``HALF_LIFE_S``. When prompts of several tenants wait, they are taken in turns,
+the least served tenant first and each tenant's own prompts most urgent first: a tenant that
+sends four times another's load gets more of the node only while the other leaves capacity
+unused, and cannot push the other's prompts back behind its own backlog. Pure but for the
+times its callers give it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+#: How fast a tenant's past service is forgotten.
+HALF_LIFE_S = 10.0
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class TenantService:
+    """Owns each tenant's decayed count of prompt tokens computed for it. Invariant: a count is
+    as of ``_at[tenant]``; reading it at a later time decays it, never raises it."""
+
+    half_life_s: float = HALF_LIFE_S
+    _tokens: dict[Hashable, float] = field(default_factory=dict)
+    _at: dict[Hashable, float] = field(default_factory=dict)
+
+    def served(self, tenant: Hashable, now: float) -> float:
+        tokens = self._tokens.get(tenant, 0.0)
+        if tokens == 0.0:
+            return 0.0
+        elapsed = max(now - self._at[tenant], 0.0)
+        return tokens * 0.5 ** (elapsed / self.half_life_s)
+
+    def add(self, tenant: Hashable, tokens: int, now: float) -> None:
+        if tokens <= 0:
+            return
+        self._tokens[tenant] = self.served(tenant, now) + tokens
+        self._at[tenant] = now
+        if len(self._tokens) > 4096:  # tenants long gone are forgotten
+            self._forget_idle(now)
+
+    def _forget_idle(self, now: float) -> None:
+        for tenant in [t for t in self._tokens if self.served(t, now) < 1.0]:
+            del self._tokens[tenant], self._at[tenant]
+
+
+def in_turns(
+    prompts: Iterable[T],
+    tenant: Callable[[T], Hashable],
+    urgency: Callable[[T], float],
+    served: Callable[[Hashable], float],
+) -> list[T]:
+    """``prompts`` in tenants' turns: the least served tenant first (ties: the one whose next
+    prompt is most urgent), each tenant's prompts most urgent first. With one tenant, simply
+    most urgent first."""
+    queues: dict[Hashable, list[T]] = {}
+    for prompt in sorted(prompts, key=urgency):
+        queues.setdefault(tenant(prompt), []).append(prompt)
+    if len(queues) <= 1:
+        return [p for q in queues.values() for p in q]
+    turns = sorted(queues, key=lambda t: (served(t), urgency(queues[t][0])))
+    ordered: list[T] = []
+    depth = max(len(q) for q in queues.values())
+    for i in range(depth):
+        ordered += [queues[t][i] for t in turns if i < len(queues[t])]
+    return ordered

@@ -34,14 +34,18 @@ def one_round(engine: LLMEngine, gen: torch.Generator, long: int, short: int, n:
     fresh = [torch.randint(100, 40000, (k,), generator=gen).tolist() for k in (long, short)]
     sent = {f"long{n}": time.perf_counter()}
     engine.add_request(f"long{n}", fresh[0], FIRST)
-    engine.step()
-    sent[f"short{n}"] = time.perf_counter()
-    engine.add_request(f"short{n}", fresh[1], FIRST)
     ttft: dict[str, float] = {}
-    while engine.has_unfinished_requests():
+
+    def step() -> None:
         for out in engine.step():
             if out.output_token_ids and out.request_id not in ttft:
                 ttft[out.request_id] = time.perf_counter() - sent[out.request_id]
+
+    step()
+    sent[f"short{n}"] = time.perf_counter()
+    engine.add_request(f"short{n}", fresh[1], FIRST)
+    while engine.has_unfinished_requests():
+        step()
     return {"short": ttft[f"short{n}"], "long": ttft[f"long{n}"]}
 
 

@@ -6,10 +6,11 @@ arrival plus ``DEFAULT_TTFT_S``, moved later by ``PRIORITY_STEP_S`` per unit of 
 ages every prompt: a low-priority one comes before prompts that arrive long enough after it,
 and nothing starves. A step first gives every prompt that can finish within an equal share of
 its budget (at least ``min_share`` tokens, or half the budget) all it has left, then the rest
-to the others, most urgent first. So a short prompt that arrives behind a long one finishes
-within the step while the long one goes on, and long prompts are computed one after another
-in deadline order rather than all slowed down together (which would delay every first token
-to the time of the last). Pure: no I/O, no clock.
+to the others, most urgent first, no more of it than the finishing prompts take. So a short
+prompt that arrives behind a long one finishes within a short step while the long one goes on
+(at half speed at worst, so a stream of short prompts cannot starve it), and long prompts are
+computed one after another in deadline order rather than all slowed down together (which
+would delay every first token to the time of the last). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -33,19 +34,32 @@ def urgency(priority: int, deadline: float, arrival: float) -> float:
 def share_budget(remaining: Sequence[int], budget: int, min_share: int) -> list[int]:
     """The tokens each prompt computes this step, ``remaining`` being what each has left, most
     urgent first: all of it for those whose rest fits an equal share (at least ``min_share``,
-    or half the budget if that is less), in that order while the budget lasts, then what is
-    left to the others, most urgent first; with ``min_share`` 0, all in order. Never more than
-    a prompt has left, nor in all more than ``budget``."""
+    or half the budget if that is less), in that order while the budget lasts; then the rest
+    to the others, most urgent first, but in a step where some prompt finishes, no more in all
+    than the finishing ones take (at least that minimum): a step lasts about as long as its
+    tokens, and a short prompt's first token should not wait for a long prompt's whole chunk.
+    With ``min_share`` 0, all in order. Never more than a prompt has left, nor in all more
+    than ``budget``."""
     grants = [0] * len(remaining)
     if not remaining or budget <= 0:
         return grants
-    # With no minimum share, no prompt goes out of its turn.
-    share = max(min(min_share, budget // 2), budget // len(remaining), 1) if min_share else 0
+    if not min_share:  # no prompt goes out of its turn
+        return _in_order(remaining, grants, budget)
+    floor = max(min(min_share, budget // 2), 1)
+    share = max(floor, budget // len(remaining))
     left = budget
     for i, need in enumerate(remaining):
         if need <= min(share, left):
             grants[i] = need
             left -= need
+    finishing = budget - left
+    if finishing:
+        left = min(left, max(floor, finishing))
+    return _in_order(remaining, grants, left)
+
+
+def _in_order(remaining: Sequence[int], grants: list[int], left: int) -> list[int]:
+    """``grants`` topped up from ``left`` tokens, the first prompts first."""
     for i, need in enumerate(remaining):
         if left <= 0:
             break

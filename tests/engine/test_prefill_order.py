@@ -24,17 +24,23 @@ GREEDY = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
 
 
 def test_prompts_that_fit_a_share_finish_and_the_most_urgent_takes_the_rest() -> None:
-    assert share_budget([1000, 20], 256, 16) == [236, 20]
-    # Long prompts are not slowed down together: the most urgent takes the step.
+    # The long prompt goes on in a step no longer than twice the short one's tokens (at least
+    # the minimum share).
+    assert share_budget([1000, 20], 256, 16) == [20, 20]
+    assert share_budget([1000, 120], 256, 16) == [120, 120]
+    assert share_budget([1000, 20], 256, 64) == [64, 20]
+    # Long prompts are not slowed down together: the most urgent takes the whole step.
     assert share_budget([1000, 1000], 256, 16) == [256, 0]
-    assert share_budget([500, 40, 500, 30], 256, 16) == [186, 40, 0, 30]
+    assert share_budget([500, 40, 500, 30], 256, 16) == [70, 40, 0, 30]
     # A prompt just over its share waits, like a long one.
     assert share_budget([1000, 140], 256, 16) == [256, 0]
     assert share_budget([5, 7], 256, 16) == [5, 7]
     assert share_budget([], 256, 16) == []
     assert share_budget([10], 0, 16) == [0]
     # A budget under two minimum shares is shared in halves.
-    assert share_budget([1000, 12], 64, 128) == [52, 12]
+    assert share_budget([1000, 12], 64, 128) == [32, 12]
+    # Without a minimum share: in order, whole steps.
+    assert share_budget([1000, 12], 256, 0) == [256, 0]
 
 
 def test_deadlines_order_prompts_and_priority_moves_them() -> None:

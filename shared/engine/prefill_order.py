@@ -35,9 +35,10 @@ def share_budget(remaining: Sequence[int], budget: int, min_share: int) -> list[
     """The tokens each prompt computes this step, ``remaining`` being what each has left, most
     urgent first: all of it for those whose rest fits an equal share (at least ``min_share``,
     or half the budget if that is less), in that order while the budget lasts; then the rest
-    to the others, most urgent first, but in a step where some prompt finishes, no more in all
-    than the finishing ones take (at least that minimum): a step lasts about as long as its
-    tokens, and a short prompt's first token should not wait for a long prompt's whole chunk.
+    to the others, most urgent first, but in a step where some prompt finishes and not all
+    can, no more in all than the finishing ones take (at least that minimum): a step lasts
+    about as long as its tokens, and a short prompt's first token should not wait for a long
+    prompt's whole chunk.
     With ``min_share`` 0, all in order. Never more than a prompt has left, nor in all more
     than ``budget``."""
     grants = [0] * len(remaining)
@@ -53,7 +54,7 @@ def share_budget(remaining: Sequence[int], budget: int, min_share: int) -> list[
             grants[i] = need
             left -= need
     finishing = budget - left
-    if finishing:
+    if finishing and sum(remaining) > budget:  # else every prompt finishes in this step
         left = min(left, max(floor, finishing))
     return _in_order(remaining, grants, left)
 

@@ -35,6 +35,8 @@ def test_prompts_that_fit_a_share_finish_and_the_most_urgent_takes_the_rest() ->
     # A prompt just over its share waits, like a long one.
     assert share_budget([1000, 140], 256, 16) == [256, 0]
     assert share_budget([5, 7], 256, 16) == [5, 7]
+    # When every prompt fits the step, every prompt is computed whole in it.
+    assert share_budget([200, 20], 256, 16) == [200, 20]
     assert share_budget([], 256, 16) == []
     assert share_budget([10], 0, 16) == [0]
     # A budget under two minimum shares is shared in halves.

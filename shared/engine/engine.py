@@ -15,6 +15,7 @@ from shared.engine.rope_scopes import RopeScopes
 from shared.engine.runner import ModelRunner
 from shared.engine.scheduler import RopeRestart, Scheduler, SchedulerOutput
 from shared.engine.sequence import FinishReason, Sequence, SequenceStatus
+from shared.engine.sequence_rules import finish_reason, logits_processor
 from shared.engine.step_threads import StepThreads
 from shared.engine.types import (
     EngineLoad,
@@ -29,7 +30,6 @@ from shared.kv.hashing import BlockHash, quota_key, root_hash
 from shared.kv.keeps import PINNED, PoolKeeps
 from shared.kv.pool import BlockPool
 from shared.model.grammar import Grammars
-from shared.model.logits_processing import SequenceLogitsProcessor
 from shared.model.sampler import SampledToken
 from shared.sampling_params import SamplingParams
 
@@ -334,7 +334,7 @@ class LLMEngine:
         if sampled.logprobs is not None:
             seq.output_logprobs.append(sampled.logprobs)
         self.stats.output_tokens += 1
-        reason = self._finish_reason(seq, sampled.token_id)
+        reason = finish_reason(seq, sampled.token_id, self.eos_token_ids, self.config.max_model_len)
         if reason is not None:
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = reason
@@ -344,18 +344,6 @@ class LLMEngine:
             del self._sequences[seq.request_id]
         logprobs = [sampled.logprobs] if sampled.logprobs is not None else []
         return RequestOutput.of(seq, [sampled.token_id], logprobs)
-
-    def _finish_reason(self, seq: Sequence, token: int) -> FinishReason | None:
-        p = seq.params
-        if not p.ignore_eos and token in self.eos_token_ids:
-            return FinishReason.STOP
-        if token in p.stop_token_ids:
-            return FinishReason.STOP
-        if seq.logits_processor is not None and seq.logits_processor.finished:
-            return FinishReason.STOP  # the grammar is complete: only an end token could follow
-        if seq.num_output_tokens >= p.max_tokens or seq.num_tokens >= self.config.max_model_len:
-            return FinishReason.LENGTH
-        return None
 
     def _new_sequence(
         self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes
@@ -368,24 +356,10 @@ class LLMEngine:
         seq = Sequence(request_id, list(prompt), params, b"", arrival=time.time())
         self._rope_scopes.assign(seq, cache_salt, params.output_offset)
         seq.quota_key = quota_key(cache_salt)
-        seq.logits_processor = self._logits_processor(prompt, params)
+        seq.logits_processor = logits_processor(
+            prompt, params, self.grammars, self.runner.model.config.vocab_size, self.eos_token_ids
+        )
         return seq
-
-    def _logits_processor(
-        self, prompt: list[int], params: SamplingParams
-    ) -> SequenceLogitsProcessor | None:
-        """The sequence's rules, having seen the completion's tokens that end a resumed
-        prompt; None when it has none (its logits are sampled as they are)."""
-        if not params.processes_logits:
-            return None
-        matcher = None
-        if params.grammar:
-            if self.grammars is None:
-                raise InvalidRequestError("this node does not enforce grammars", "grammar")
-            generated = prompt[len(prompt) - params.output_offset :] if params.output_offset else []
-            matcher = self.grammars.matcher(params.grammar, generated)
-        vocab = self.runner.model.config.vocab_size
-        return SequenceLogitsProcessor(params, vocab, prompt, self.eos_token_ids, matcher)
 
     def _checksum(self, block_id: int) -> int:
         return self.checksum(self.runner.cache.block_buffer(block_id).data)

@@ -37,6 +37,3 @@ class BlockChecksum:
         """The 64-bit checksum of ``data`` (an unsigned integer, as the wire messages carry)."""
         digest = blake3.blake3(data, key=self._key).digest(CHECKSUM_BYTES)
         return int.from_bytes(digest, "little")
-
-    def of_blocks(self, blocks: list[memoryview] | list[bytes]) -> list[int]:
-        return [self(b) for b in blocks]

@@ -15,7 +15,14 @@ from typing import Annotated, TypeVar
 import msgspec
 from msgspec import Meta
 
-from shared.sampling_params import MAX_GRAMMAR_CHARS, MAX_KEEP_TTL_S, MAX_PRIORITY, SamplingParams
+from shared.sampling_params import (
+    MAX_GRAMMAR_CHARS,
+    MAX_KEEP_TTL_S,
+    MAX_PRIORITY,
+    MAX_TBT_SLO_S,
+    MAX_TENANT_WEIGHT,
+    SamplingParams,
+)
 
 WIRE_VERSION = 2
 
@@ -88,6 +95,9 @@ class SamplingSpec(msgspec.Struct, kw_only=True):
     # When the prompt is computed on its node (``shared.engine.prefill_order``).
     priority: Annotated[int, Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
     ttft_deadline: Timestamp = 0.0
+    # The tenant's share weight on the node, and the time between tokens asked of placement.
+    tenant_weight: Annotated[float, Meta(gt=0.0, le=MAX_TENANT_WEIGHT)] = 1.0
+    tbt_slo_s: Annotated[float, Meta(ge=0.0, le=MAX_TBT_SLO_S)] = 0.0
 
     def to_params(self) -> SamplingParams:
         values = msgspec.structs.asdict(self)

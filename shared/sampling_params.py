@@ -29,6 +29,10 @@ KEEP_MODES = ("", "ttl", "pin", "drop")
 MAX_KEEP_TTL_S = 30 * 86_400.0
 #: vLLM's ``priority`` is any integer; the wire carries 32 bits of it.
 MAX_PRIORITY = (1 << 31) - 1
+#: The largest share weight a tenant may be given (``tenant_weight``).
+MAX_TENANT_WEIGHT = 1000.0
+#: The longest time between tokens a request may ask for (``tbt_slo_s``).
+MAX_TBT_SLO_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,13 @@ class SamplingParams:
 
     When its prompt is computed (``shared.engine.prefill_order``): ``priority`` as vLLM takes
     it (a lower value sooner), and ``ttft_deadline``, the Unix time its first token is due
-    (0: none; then it is due a fixed time after it reached the engine).
+    (0: none; then it is due a fixed time after it reached the engine); ``tenant_weight``,
+    its tenant's share of the node's prompt computation against other tenants'
+    (``shared.engine.tenant_share``).
+
+    What it asks of the scheduler: ``tbt_slo_s``, the longest time between tokens it accepts
+    (0: the scheduler's own objective), which placement predicts and refuses with 429 when no
+    decode node can hold it.
     """
 
     max_tokens: int = 16
@@ -80,6 +90,8 @@ class SamplingParams:
     keep_ttl_s: float = 0.0
     priority: int = 0
     ttft_deadline: float = 0.0
+    tenant_weight: float = 1.0
+    tbt_slo_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -123,6 +135,18 @@ class SamplingParams:
         _check_float(self.ttft_deadline, "ttft_deadline")
         if self.ttft_deadline < 0:
             raise InvalidRequestError("ttft_deadline must be a Unix time or 0", "ttft_deadline")
+        _check_float(self.tenant_weight, "tenant_weight")
+        if not 0 < self.tenant_weight <= MAX_TENANT_WEIGHT:
+            raise InvalidRequestError(
+                f"tenant_weight must be in (0, {MAX_TENANT_WEIGHT:g}], got {self.tenant_weight!r}",
+                "tenant_weight",
+            )
+        _check_float(self.tbt_slo_s, "tbt_slo_s")
+        if not 0 <= self.tbt_slo_s <= MAX_TBT_SLO_S:
+            raise InvalidRequestError(
+                f"tbt_slo_s must be 0 or up to {MAX_TBT_SLO_S:g} s, got {self.tbt_slo_s!r}",
+                "tbt_slo_s",
+            )
         self._validate_processing()
 
     def _validate_processing(self) -> None:

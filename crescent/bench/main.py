@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import secrets
 import sys
 from collections.abc import Sequence
@@ -22,7 +23,7 @@ import httpx
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from crescent.bench import plots, report
+from crescent.bench import plots, report, slo_sweep
 from crescent.bench.client import request_body, stream_completion
 from crescent.bench.metrics import Slo, Summary, ratios_to_first, summarize
 from crescent.bench.options import BenchOptions, Target, options_from
@@ -201,15 +202,28 @@ def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None = N
         sys.stderr.write("crescent bench: error: the workload has no requests\n")
         return 2
     console = Console()
-    console.print(describe(opts, conversations))
     try:
-        runs = asyncio.run(bench(opts, conversations, console, transport))
+        if opts.request_rates:
+            return sweep_rates(opts, console, transport)
+        return one_run(opts, conversations, console, transport)[0]
     except BenchError as exc:
         console.print(f"[red]crescent bench: {exc}[/]", highlight=False)
         return 1
     except KeyboardInterrupt:
-        sys.stderr.write("crescent bench: interrupted; nothing written\n")
+        sys.stderr.write("crescent bench: interrupted; nothing more written\n")
         return 130
+
+
+def one_run(
+    opts: BenchOptions,
+    conversations: Sequence[Conversation],
+    console: Console,
+    transport: httpx.AsyncBaseTransport | None,
+) -> tuple[int, dict[str, TargetRun]]:
+    """Plays the workload once against every target, prints and writes its figures; the exit
+    status (1 when a target completed nothing) and the runs."""
+    console.print(describe(opts, conversations))
+    runs = asyncio.run(bench(opts, conversations, console, transport))
     slo = Slo(opts.slo_ttft_ms, opts.slo_tpot_ms)
     summaries = {name: summarize(r.records, r.duration_s, slo) for name, r in runs.items()}
     title = f"SLO: TTFT ≤ {slo.ttft_ms:g} ms, TPOT ≤ {slo.tpot_ms:g} ms"
@@ -219,4 +233,42 @@ def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None = N
             console.print(f"{name}: a request failed: {error}", markup=False, highlight=False)
     for path in write_outputs(opts, runs, summaries):
         console.print(f"wrote {path}", highlight=False)
-    return 0 if all(s["completed"] for s in summaries.values()) else 1
+    return (0 if all(s["completed"] for s in summaries.values()) else 1), runs
+
+
+def sweep_rates(
+    opts: BenchOptions, console: Console, transport: httpx.AsyncBaseTransport | None
+) -> int:
+    """One run per rate of ``opts.request_rates`` (each under ``<out>/rate-<R>/``), then the
+    sweep's table, ``sweep.json`` and ``slo_sweep.png`` (``slo_sweep``). Each rate has token
+    ids of its own (the seed plus the rate's position), so no run finds an earlier one's
+    prompts in a server's cache."""
+    records: dict[float, dict[str, list[RequestRecord]]] = {}
+    durations: dict[float, dict[str, float]] = {}
+    status = 0
+    for position, rate in enumerate(opts.request_rates):
+        rate_opts = dataclasses.replace(
+            opts,
+            workload=dataclasses.replace(opts.workload, seed=opts.workload.seed + position),
+            pacing=dataclasses.replace(opts.pacing, request_rate=rate),
+            out=slo_sweep.rate_folder(opts, rate),
+        )
+        conversations = build(rate_opts.workload, rate_opts.pacing)
+        code, runs = one_run(rate_opts, conversations, console, transport)
+        status = max(status, code)
+        records[rate] = {name: r.records for name, r in runs.items()}
+        durations[rate] = {name: r.duration_s for name, r in runs.items()}
+    slo = Slo(opts.slo_ttft_ms, opts.slo_tpot_ms)
+    sweep = slo_sweep.figures(records, durations, slo, opts.slo_scales)
+    console.print(slo_sweep.table(sweep, slo))
+    config: dict[str, object] = {"request_rates": opts.request_rates}
+    config |= {"slo_scales": opts.slo_scales, "slo_ttft_ms": slo.ttft_ms}
+    config["slo_tpot_ms"] = slo.tpot_ms
+    written = [opts.out / "sweep.json"]
+    report.write_json(written[0], {"config": config, "sweep": sweep})
+    if opts.plots:
+        written.append(opts.out / "slo_sweep.png")
+        slo_sweep.plot(records, sweep, slo, written[1])
+    for path in written:
+        console.print(f"wrote {path}", highlight=False)
+    return status

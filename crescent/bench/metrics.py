@@ -6,7 +6,10 @@ TPOT of a request is ``(e2e - ttft) / (output_tokens - 1)``; a one-token answer 
 ITL pools every inter-token gap of every request. Throughputs divide by the run's wall time.
 A request is *good* when it completed, its TTFT is within the TTFT SLO and its TPOT (if it
 has one) within the TPOT SLO; goodput is good requests per second, SLO attainment their share
-of all requests sent.
+of all requests sent. DistServe's other measure scales both objectives together: a request's
+*required scale* is the smallest factor it meets them at (``max(TTFT / TTFT SLO, TPOT / TPOT
+SLO)``, infinite when it failed), and the tightest scale held at an attainment (90%) is the
+smallest factor at which that share of the requests sent meet the scaled objectives.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from crescent.bench.records import RequestRecord
 TIERS = ("dram", "nvme", "s3")
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 QUANTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0))
+#: The attainment the tightest objective scale is reported at (DistServe's 90%).
+ATTAINMENT_TARGET = 0.9
 
 Summary = dict[str, float | int | None]
 
@@ -45,6 +50,38 @@ def is_good(record: RequestRecord, slo: Slo) -> bool:
         return False
     tpot = tpot_s(record)
     return tpot is None or tpot * 1000 <= slo.tpot_ms
+
+
+def required_scale(record: RequestRecord, slo: Slo) -> float:
+    """The smallest factor both objectives can be multiplied by with ``record`` still meeting
+    them (``is_good`` at that scale); infinite for a request that failed."""
+    if not record.ok or record.ttft_s is None:
+        return math.inf
+    scale = record.ttft_s * 1000 / slo.ttft_ms
+    tpot = tpot_s(record)
+    return scale if tpot is None else max(scale, tpot * 1000 / slo.tpot_ms)
+
+
+def attainment_at(scales: Sequence[float], scale: float) -> float:
+    """The share of requests (given by their required scales) that meet the objectives
+    multiplied by ``scale``."""
+    return sum(s <= scale for s in scales) / len(scales) if scales else math.nan
+
+
+def tightest_scale(
+    records: Sequence[RequestRecord], slo: Slo, attainment: float = ATTAINMENT_TARGET
+) -> float | None:
+    """The smallest factor on both objectives at which at least ``attainment`` of the
+    requests sent meet them (infinite when more than the rest failed; None for none sent)."""
+    return scale_held(sorted(required_scale(r, slo) for r in records), attainment)
+
+
+def scale_held(needed: Sequence[float], attainment: float = ATTAINMENT_TARGET) -> float | None:
+    """Of requests whose required scales are ``needed`` (sorted), the smallest scale at which
+    ``attainment`` of them meet the objectives; None for no requests."""
+    if not needed:
+        return None
+    return needed[max(math.ceil(attainment * len(needed)) - 1, 0)]
 
 
 def latency_stats(name: str, values_s: Sequence[float]) -> Summary:
@@ -86,6 +123,7 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: Slo) -> 
         "output_throughput": output * per_s,
         "goodput": good * per_s,
         "slo_attainment": good / len(records) if records else None,
+        "tightest_scale_p90": tightest_scale(records, slo),
         "prompt_tokens": sum(_prompt_tokens(r) for r in done),
         "output_tokens": output,
     }

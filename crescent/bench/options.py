@@ -115,6 +115,10 @@ class BenchOptions:
     timeout_s: float
     warmup: int
     plots: bool
+    #: A sweep of Poisson rates, one run each (empty: one run at ``pacing``).
+    request_rates: tuple[float, ...] = ()
+    #: The objective scales a sweep reports attainment at.
+    slo_scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -137,6 +141,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     when = pace.add_mutually_exclusive_group()
     when.add_argument("--request-rate", type=float, default=math.inf, help="Poisson, req/s")
     when.add_argument("--timestamps", action="store_true", help="the trace's own times")
+    when.add_argument(
+        "--request-rates",
+        type=_numbers,
+        metavar="R1,R2,...",
+        help="a sweep: one run per Poisson rate (req/s), goodput and SLO scales at each",
+    )
     pace.add_argument("--time-scale", type=float, default=1.0, help="multiplies trace times")
     pace.add_argument("--concurrency", type=int, default=0, help="in flight at most; 0: any")
     pace.add_argument("--timeout-s", type=float, default=600.0, help="per request")
@@ -144,6 +154,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r = p.add_argument_group("results")
     r.add_argument("--slo-ttft-ms", type=float, default=2000.0, help="goodput's TTFT bound")
     r.add_argument("--slo-tpot-ms", type=float, default=200.0, help="goodput's TPOT bound")
+    r.add_argument(
+        "--slo-scales",
+        type=_numbers,
+        default=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
+        metavar="S1,S2,...",
+        help="a sweep's objective scales (both SLOs multiplied) to report attainment at",
+    )
     r.add_argument("--out", type=Path, help="results (None: crescent-bench-<time>/)")
     r.add_argument("--no-plots", action="store_true", help="write no PNGs")
     c = p.add_argument_group("comparison")
@@ -203,7 +220,20 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
         args.timeout_s,
         args.warmup,
         not args.no_plots,
+        tuple(args.request_rates or ()),
+        tuple(args.slo_scales),
     )
+
+
+def _numbers(text: str) -> tuple[float, ...]:
+    """``1,2.5,4`` as numbers, each finite and above 0."""
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of numbers") from None
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each must be a number above 0")
+    return values
 
 
 def _check_numbers(args: argparse.Namespace) -> None:

@@ -24,6 +24,7 @@ ROWS: tuple[tuple[str, str, str], ...] = (
     ("output_throughput", "output throughput (tok/s)", "{:.1f}"),
     ("goodput", "goodput (req/s)", "{:.3f}"),
     ("slo_attainment", "SLO attainment", "{:.1%}"),
+    ("tightest_scale_p90", "tightest SLO scale met by 90%", "{:.2f}×"),
     *(
         (f"{name}_{stat}_ms", f"{name.upper()} {stat} (ms)", "{:.1f}")
         for name in LATENCIES
@@ -87,6 +88,8 @@ def summary_table(
 
 
 def _cell(value: float | int | None, fmt: str) -> str:
+    if value == math.inf:
+        return "∞"  # a tightest scale: more than the rest of the requests failed
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "—"
     return fmt.format(value)

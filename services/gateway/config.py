@@ -10,10 +10,12 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.gateway.auth import parse_api_keys, parse_key_file
 from services.gateway.guard_settings import GuardSettings
+from services.gateway.sampling import TenantTerms
 from services.gateway.tool_syntax import ParserSetting
 from shared.model.files import default_cache_dir
 from shared.model.generation_config import usable
 from shared.nats_auth import NatsAuthSettings
+from shared.sampling_params import MAX_TENANT_WEIGHT
 from shared.secrets import refused
 from shared.tenants import parse_tenant_amounts
 
@@ -117,6 +119,19 @@ class GatewaySettings(GuardSettings, NatsAuthSettings):
         "the nodes, and the scheduler refuses with 429 what it predicts cannot meet it)",
     )
 
+    tenant_tbt_slo_ms: str = Field(
+        default="",
+        description="per-tenant time between tokens objectives, name=ms,name=ms: a tenant's "
+        "requests without their own tbt_slo_ms take it (the scheduler refuses with 429 what "
+        "no decode node is predicted to hold)",
+    )
+    tenant_weights: str = Field(
+        default="",
+        description="per-tenant weights of the nodes' prompt computation, name=N,name=N "
+        f"(1 to {MAX_TENANT_WEIGHT:g}; others 1): while several tenants' prompts wait, each "
+        "is served tokens in proportion to its weight",
+    )
+
     _tenants: dict[bytes, str] = PrivateAttr(default_factory=dict)
 
     @field_validator("api_keys", mode="before")
@@ -153,7 +168,7 @@ class GatewaySettings(GuardSettings, NatsAuthSettings):
                 raise refused("an API key is in both CRESCENT_API_KEYS and CRESCENT_API_KEYS_FILE")
             tenants |= listed
         self._tenants = tenants
-        self.tenant_ttft_slos_ms  # noqa: B018 - refused at start, not on a request
+        self.tenant_terms  # noqa: B018 - refused at start, not on a request
         if not tenants and not self.runs_open_on_purpose:
             raise refused(
                 "no API keys: set CRESCENT_API_KEYS or CRESCENT_API_KEYS_FILE, or "
@@ -166,6 +181,26 @@ class GatewaySettings(GuardSettings, NatsAuthSettings):
     def tenant_ttft_slos_ms(self) -> dict[str, int]:
         """``tenant_ttft_slo_ms`` parsed: tenant -> milliseconds."""
         return parse_tenant_amounts(self.tenant_ttft_slo_ms, "CRESCENT_TENANT_TTFT_SLO_MS", "ms")
+
+    @property
+    def tenant_terms(self) -> dict[str, TenantTerms]:
+        """What each tenant named in the per-tenant settings gives its requests."""
+        ttft = self.tenant_ttft_slos_ms
+        tbt = parse_tenant_amounts(self.tenant_tbt_slo_ms, "CRESCENT_TENANT_TBT_SLO_MS", "ms")
+        weights = parse_tenant_amounts(self.tenant_weights, "CRESCENT_TENANT_WEIGHTS", "N")
+        for name, weight in weights.items():
+            if not 1 <= weight <= MAX_TENANT_WEIGHT:
+                raise refused(
+                    f"CRESCENT_TENANT_WEIGHTS: tenant {name!r} has weight {weight}; "
+                    f"weights are 1 to {MAX_TENANT_WEIGHT:g}"
+                )
+        for name, ms in {**ttft, **tbt}.items():
+            if ms <= 0:
+                raise refused(f"tenant {name!r}: an objective must be a positive number of ms")
+        return {
+            name: TenantTerms(ttft.get(name), tbt.get(name), float(weights.get(name, 1)))
+            for name in ttft.keys() | tbt.keys() | weights.keys()
+        }
 
     @property
     def runs_open_on_purpose(self) -> bool:

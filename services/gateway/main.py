@@ -80,7 +80,7 @@ class GatewayService:
             s.tool_call_parser,
             defaults,
             s.grammar_check_timeout_s,
-            tenant_ttft_slos_ms=s.tenant_ttft_slos_ms,
+            tenant_terms=s.tenant_terms,
         )
         builder.grammars  # noqa: B018 - built now, not on the first structured request
         builder.guard  # noqa: B018

@@ -12,7 +12,7 @@ from functools import cached_property
 
 from services.gateway import errors, tool_syntax, tools
 from services.gateway.grammar_guard import GrammarGuard
-from services.gateway.sampling import NO_DEFAULTS, sampling_spec
+from services.gateway.sampling import NO_DEFAULTS, NO_TERMS, TenantTerms, sampling_spec
 from services.gateway.schemas import ChatCompletionRequest, ChatMessage, CompletionRequest, Tool
 from services.gateway.structured import requested_grammar
 from services.gateway.validation import (
@@ -107,10 +107,10 @@ class RequestBuilder:
         tool_parser: str = "auto",
         defaults: SamplingDefaults = NO_DEFAULTS,
         grammar_timeout_s: float | None = None,
-        tenant_ttft_slos_ms: dict[str, int] | None = None,
+        tenant_terms: Mapping[str, TenantTerms] | None = None,
     ):
         self.tokenizer = tokenizer
-        self.tenant_ttft_slos_ms = tenant_ttft_slos_ms or {}
+        self.tenant_terms = dict(tenant_terms or {})
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.max_n = max_n
@@ -284,12 +284,12 @@ class RequestBuilder:
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         now = time.time()
         vocab, defaults = self.tokenizer.vocab_size, self.defaults
-        tenant_slo = self.tenant_ttft_slos_ms.get(tenant)
+        terms = self.tenant_terms.get(tenant, NO_TERMS)
         choices = []
         for p, (prompt, max_tokens) in enumerate(prompts):
             for j in range(common.n):
                 sampling = sampling_spec(
-                    body, max_tokens, logprobs, j, vocab, grammar, defaults, now, tenant_slo
+                    body, max_tokens, logprobs, j, vocab, grammar, defaults, now, terms
                 )
                 request = GenerateRequest(
                     request_id=f"{request_id}-{p * common.n + j}",

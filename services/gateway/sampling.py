@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TypeVar
 
 from services.gateway import errors
 from services.gateway.schemas import (
+    MAX_TBT_SLO_MS,
     MAX_TTFT_SLO_MS,
     CacheControl,
     ChatCompletionRequest,
@@ -22,6 +24,19 @@ NO_DEFAULTS = SamplingDefaults()
 T = TypeVar("T", int, float)
 
 
+@dataclass(frozen=True, slots=True)
+class TenantTerms:
+    """What a tenant's settings give each of its requests: the objectives a request without
+    its own takes (milliseconds; None: none) and its share weight on the nodes."""
+
+    ttft_slo_ms: float | None = None
+    tbt_slo_ms: float | None = None
+    weight: float = 1.0
+
+
+NO_TERMS = TenantTerms()
+
+
 def sampling_spec(
     body: ChatCompletionRequest | CompletionRequest,
     max_tokens: int,
@@ -31,11 +46,12 @@ def sampling_spec(
     grammar: str = "",
     defaults: SamplingDefaults = NO_DEFAULTS,
     arrival: float = 0.0,
-    tenant_slo_ms: float | None = None,
+    tenant: TenantTerms = NO_TERMS,
 ) -> SamplingSpec:
     """The sequence's sampling: the body's values, else the model's ``defaults``, else
     Crescent's own. ``arrival`` (Unix time) dates the deadline of the body's ``ttft_slo_ms``,
-    or else of its tenant's objective ``tenant_slo_ms``."""
+    or else of its ``tenant``'s objective; the body's ``tbt_slo_ms`` likewise falls back to
+    the tenant's."""
     # Sibling choices share a prompt; the same seed would make them identical, so each takes
     # the next seed and choice 0 stays what a request with n=1 and this seed gives.
     seed = body.seed
@@ -72,7 +88,11 @@ def sampling_spec(
             keep_ttl_s=keep_ttl_s,
             priority=0 if body.priority is None else body.priority,
             ttft_deadline=ttft_deadline(
-                body.ttft_slo_ms if body.ttft_slo_ms is not None else tenant_slo_ms, arrival
+                body.ttft_slo_ms if body.ttft_slo_ms is not None else tenant.ttft_slo_ms, arrival
+            ),
+            tenant_weight=tenant.weight,
+            tbt_slo_s=tbt_slo_s(
+                body.tbt_slo_ms if body.tbt_slo_ms is not None else tenant.tbt_slo_ms
             ),
         )
     except InvalidRequestError as exc:
@@ -88,15 +108,26 @@ def sampling_spec(
 
 def ttft_deadline(slo_ms: float | None, arrival: float) -> float:
     """When a request arriving at ``arrival`` asks its first token by (0: no objective)."""
+    seconds = _objective_s(slo_ms, MAX_TTFT_SLO_MS, "ttft_slo_ms")
+    return arrival + seconds if seconds else 0.0
+
+
+def tbt_slo_s(slo_ms: float | None) -> float:
+    """The time between tokens asked for, in seconds (0: no objective of its own)."""
+    return _objective_s(slo_ms, MAX_TBT_SLO_MS, "tbt_slo_ms")
+
+
+def _objective_s(slo_ms: float | None, most_ms: float, param: str) -> float:
+    """An objective given in milliseconds, in seconds (0 for None); a 400 naming ``param``
+    unless it is positive and at most ``most_ms``."""
     if slo_ms is None:
         return 0.0
-    if not math.isfinite(slo_ms) or not 0 < slo_ms <= MAX_TTFT_SLO_MS:
+    if not math.isfinite(slo_ms) or not 0 < slo_ms <= most_ms:
         raise errors.invalid(
-            f"ttft_slo_ms must be a positive number of milliseconds up to {MAX_TTFT_SLO_MS:g}, "
-            f"got {slo_ms!r}",
-            "ttft_slo_ms",
+            f"{param} must be a positive number of milliseconds up to {most_ms:g}, got {slo_ms!r}",
+            param,
         )
-    return arrival + slo_ms / 1000
+    return slo_ms / 1000
 
 
 def _first(asked: T | None, default: T | None, fallback: T) -> T:

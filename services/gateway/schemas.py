@@ -73,6 +73,7 @@ class StructuredOutputs(Strict):
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 #: The longest time to first token a request may ask for (a day).
 MAX_TTFT_SLO_MS = 86_400_000.0
+MAX_TBT_SLO_MS = 3_600_000.0
 
 
 class FunctionDefinition(Strict):
@@ -198,6 +199,11 @@ class _Generation(Strict):
     # the order of the deadlines these give (earliest first).
     ttft_slo_ms: float | None = Field(
         default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_TTFT_SLO_MS}
+    )
+    # Crescent's: the longest time between tokens the request accepts; placement refuses it
+    # (429) when no decode node is predicted to hold it.
+    tbt_slo_ms: float | None = Field(
+        default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_TBT_SLO_MS}
     )
     # Structured outputs, vLLM's way (``response_format`` is OpenAI's, chat only).
     structured_outputs: StructuredOutputs | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from services.scheduler.arrival_rate import ArrivalRates
 from services.scheduler.calibration import TtftCalibration
 from services.scheduler.decode_index import DecodeIndex
 from services.scheduler.handoff import HandoffTimes
@@ -106,8 +107,9 @@ class CostParams:
 
 @dataclass(slots=True)
 class ClusterView:
-    """Owns the freshest view of every node, their step-time and hand-off models, and the
-    requests placed but not yet arrived at their decode nodes.
+    """Owns the freshest view of every node, their step-time and hand-off models, the
+    requests placed but not yet arrived at their decode nodes, and the recent rate of
+    placements on each decode node.
 
     Invariants: a heartbeat resets the prompt tokens placed on its node (its queue now counts
     them) and forgets the arrivals due by then (its own counts include them); a heartbeat with
@@ -123,6 +125,7 @@ class ClusterView:
     costs: CostParams = field(default_factory=CostParams)
     calibration: TtftCalibration = field(default_factory=TtftCalibration)
     handoffs: HandoffTimes = field(default_factory=HandoffTimes)
+    arrival_rates: ArrivalRates = field(default_factory=ArrivalRates)
     _bandwidth_sum: tuple[float, int] = (0.0, 0)
     _arrivals: dict[str, Arrivals] = field(default_factory=dict)
     _by_request: dict[str, InFlight] = field(default_factory=dict)
@@ -240,6 +243,7 @@ class ClusterView:
             self.decode_index.remove(node_id)
             self.timing.forget(node_id)
             self.calibration.forget(node_id)
+            self.arrival_rates.forget(node_id)
             self._forget_placed(node_id)
         return dead
 

@@ -8,7 +8,12 @@ the time the new request's prefill ends, ``at = now + predicted TTFT``:
     load(at) = heartbeat + placed requests due by ``at`` - sequences finished by ``at``
 
 Sequences that finish are those the node reported with at most as many tokens left as it will
-take steps by then. Pure: no I/O.
+take steps by then. What a request is promised is the time between tokens over its decode, not
+at its first step: requests not placed yet join the batch while it decodes. ``tbt_life_s``
+is the step time halfway through its decode (``max_tokens`` steps, at most ``LIFE_HORIZON_S``),
+with the node's recent placements under a looser objective than the request's own
+(``arrival_rate``) adding sequences like it, and those the node reported finishing by then
+gone. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ _MAX_STEPS = 1 << 24
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
 #: Retry-After when no delay in ``RETRY_DELAYS_S`` is predicted to help.
 RETRY_CAP_S = 60.0
+#: The longest decode a lifetime forecast looks across (s): further ahead, who arrives is
+#: too uncertain to refuse a request for.
+LIFE_HORIZON_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeForecast:
     """A decode node's predicted state at ``at`` with the request in its batch. Invariant:
     ``tbt_s`` is one decode step of ``seqs`` sequences over ``context_tokens``; ``free_blocks``
-    is before the request's ``needed_blocks`` are taken."""
+    is before the request's ``needed_blocks`` are taken; ``tbt_life_s``, the step time halfway
+    through its decode (see the module docstring), is never below ``tbt_s``."""
 
     node_id: str
     at: float
@@ -41,6 +50,7 @@ class DecodeForecast:
     free_blocks: int
     needed_blocks: int
     tbt_s: float
+    tbt_life_s: float = 0.0
 
     @property
     def fits(self) -> bool:
@@ -84,6 +94,8 @@ def forecast(
     context = max(context - gone_tokens, 0) + staying * steps
     grown_blocks = -(-(staying * steps) // bs)
     free = node.free_blocks - spoken_for - grown_blocks + gone_blocks
+    tbt_s = decode_step_seconds(coef, batch, context)
+    rate = view.arrival_rates.rate(node.node_id, at, looser_than=request.tbt_slo_s)
     return DecodeForecast(
         node_id=node.node_id,
         at=at,
@@ -91,8 +103,37 @@ def forecast(
         context_tokens=context,
         free_blocks=free,
         needed_blocks=blocks_needed(node, request),
-        tbt_s=decode_step_seconds(coef, batch, context),
+        tbt_s=tbt_s,
+        tbt_life_s=_over_its_life(node, request, coef, rate, (batch, context), steps, tbt_s),
     )
+
+
+def _over_its_life(
+    node: NodeLoad,
+    request: PlacementRequest,
+    coef: StepCoefficients,
+    rate: float,
+    start: tuple[int, int],
+    steps_before: int,
+    tbt_s: float,
+) -> float:
+    """The step time halfway through the request's decode, which starts with ``start``
+    (sequences, context tokens) after ``steps_before`` steps of the node: ``rate`` placements
+    a second join, each with a context like the request's, and the sequences the node
+    reported finishing by then leave. Never below ``tbt_s``."""
+    if rate <= 0 or tbt_s <= 0:
+        return tbt_s
+    half_s = min(request.max_tokens * tbt_s, LIFE_HORIZON_S) / 2
+    half_steps = int(half_s / tbt_s)
+    bs = node.block_size
+    gone_before, tokens_before, _ = _finished(node.finishing, steps_before, bs)
+    gone_by, tokens_by, _ = _finished(node.finishing, steps_before + half_steps, bs)
+    joining = rate * half_s
+    batch = start[0] - (gone_by - gone_before) + joining
+    context = start[1] - (tokens_by - tokens_before) + joining * request.num_prompt_tokens
+    context += batch * half_steps
+    mid = decode_step_seconds(coef, max(round(batch), 1), max(int(context), 0))
+    return max(tbt_s, mid)
 
 
 def retry_after(

@@ -18,7 +18,7 @@ from services.scheduler.lookup import (
     prompt_full_block_hashes,
 )
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.objectives import ttft_objective
+from services.scheduler.objectives import tbt_objective, ttft_objective
 from services.scheduler.policy import (
     Placement,
     PlacementRequest,
@@ -141,11 +141,12 @@ class SchedulerHandlers:
     async def _place(self, request: GenerateRequest) -> SubmitReply:
         rid = request.request_id
         started, offering = time.monotonic(), 0.0  # the offers' round trips are not placement
-        ask = PlacementRequest(
-            len(request.prompt_token_ids), request.sampling.max_tokens, request_id=rid
-        )
         slo_s = ttft_objective(request.sampling.ttft_deadline, self.slo_s, time.time())
-        hopeless = self._hopeless(ask, request.resume, slo_s)
+        tbt_slo_s = tbt_objective(request.sampling.tbt_slo_s, self.tbt_slo_s)
+        ask = PlacementRequest(
+            len(request.prompt_token_ids), request.sampling.max_tokens, rid, tbt_slo_s
+        )
+        hopeless = self._hopeless(ask, request.resume, slo_s, tbt_slo_s)
         if hopeless is not None:
             return self._refuse(request, hopeless)
         hashes: list[BlockHash] = []
@@ -158,7 +159,7 @@ class SchedulerHandlers:
         avoid: set[str] = set()
         prefetched: set[Prefetch] = set()
         for _ in range(MAX_TRIES):
-            decision = self._decide(ask, holders, avoid, request.resume, slo_s)
+            decision = self._decide(ask, holders, avoid, request.resume, slo_s, tbt_slo_s)
             if isinstance(decision, Rejection):
                 return self._refuse(request, decision)
             record_placement(self.view, decision, ask)
@@ -233,7 +234,7 @@ class SchedulerHandlers:
         return out
 
     def _hopeless(
-        self, ask: PlacementRequest, resumed: bool, slo_s: float | None
+        self, ask: PlacementRequest, resumed: bool, slo_s: float | None, tbt_slo_s: float | None
     ) -> Rejection | None:
         """An overload is refused before the catalogue is asked: when even a prompt cached
         whole on every node would miss the TTFT objective (queues alone are too long), no
@@ -247,7 +248,7 @@ class SchedulerHandlers:
         everywhere = [
             PrefixHolder(n.node_id, "dram", blocks) for n in self.view.targets("prefill", now)
         ]
-        best = place(ask, self.view, everywhere, now, slo_s, tbt_slo_s=self.tbt_slo_s)
+        best = place(ask, self.view, everywhere, now, slo_s, tbt_slo_s=tbt_slo_s)
         return best if isinstance(best, Rejection) and best.cause == "ttft_slo" else None
 
     def ttft_floor(self) -> float:
@@ -289,16 +290,17 @@ class SchedulerHandlers:
         avoid: set[str],
         resumed: bool,
         slo_s: float | None,
+        tbt_slo_s: float | None,
     ) -> Placement | Rejection:
         now = time.monotonic()
         if self.round_robin:
             self._turn += 1
             return place_round_robin(
-                ask, self.view, self._turn, now, slo_s, tbt_slo_s=self.tbt_slo_s,
+                ask, self.view, self._turn, now, slo_s, tbt_slo_s=tbt_slo_s,
                 avoid=avoid, resumed=resumed,
             )  # fmt: skip
         return place(
-            ask, self.view, holders, now, slo_s, tbt_slo_s=self.tbt_slo_s, avoid=avoid,
+            ask, self.view, holders, now, slo_s, tbt_slo_s=tbt_slo_s, avoid=avoid,
             resumed=resumed, local_prefill=self.local_prefill,
         )  # fmt: skip
 

@@ -274,7 +274,7 @@ def rank_decodes(forecasts: Sequence[DecodeForecast]) -> list[DecodeForecast]:
 
 
 def _meets(f: DecodeForecast, tbt_slo_s: float) -> bool:
-    return f.fits and f.tbt_s <= tbt_slo_s
+    return f.fits and max(f.tbt_s, f.tbt_life_s) <= tbt_slo_s
 
 
 def _decode_rejection(
@@ -309,8 +309,9 @@ def _retry_after(costs: Sequence[PrefillCost], slo_s: float) -> float:
 def record_placement(view: ClusterView, placement: Placement, request: PlacementRequest) -> None:
     """Counts the request on its prefill node until that node's next heartbeat, and on its
     first decode node until it is due there (``ClusterView.withdraw(request.request_id)``
-    uncounts it if it will not come)."""
+    uncounts it if it will not come), and in that node's placement rate (not uncounted)."""
     decode = view.nodes[placement.decode_node]
+    view.arrival_rates.add(placement.decode_node, placement.placed_at, request.tbt_slo_s)
     view.record(
         InFlight(
             request_id=request.request_id,

@@ -29,11 +29,13 @@ _POOLS = ("prefill", "decode")
 
 @dataclass(frozen=True, slots=True)
 class PlacementRequest:
-    """What placement needs of a request; ``request_id`` lets its placement be withdrawn."""
+    """What placement needs of a request; ``request_id`` lets its placement be withdrawn;
+    ``tbt_slo_s`` is the time between tokens it is placed under (None: none)."""
 
     num_prompt_tokens: int
     max_tokens: int
     request_id: str = ""
+    tbt_slo_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,6 +144,8 @@ class Scheduler:
                 _tenant,
                 self.urgency,
                 lambda t: self.tenants.served(t, now),
+                self._left_to_compute,
+                lambda seq: seq.params.tenant_weight,
             )
         else:
             candidates = sorted(prompts + waiting, key=self.urgency)

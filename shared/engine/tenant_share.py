@@ -1,10 +1,12 @@
 """Fair shares of a node's prompt computation between tenants.
 
 Each tenant's recent service is the prompt tokens the node computed for it, decayed with a
-half-life of ``HALF_LIFE_S``. When prompts of several tenants wait, they are taken in turns,
-the least served tenant first and each tenant's own prompts most urgent first: a tenant that
-sends four times another's load gets more of the node only while the other leaves capacity
-unused, and cannot push the other's prompts back behind its own backlog. Pure but for the
+half-life of ``HALF_LIFE_S``. When prompts of several tenants wait, they are taken in weighted
+turns (``in_turns``), the least served tenant for its weight first and each tenant's own
+prompts most urgent first: a tenant that sends four times another's load gets more of the node
+only while the other leaves capacity unused, and cannot push the other's prompts back behind
+its own backlog; a tenant's weight (``SamplingParams.tenant_weight``, from the gateway's
+``CRESCENT_TENANT_WEIGHTS``) multiplies its share while both wait. Pure but for the
 times its callers give it.
 """
 
@@ -54,18 +56,24 @@ def in_turns(
     tenant: Callable[[T], Hashable],
     urgency: Callable[[T], float],
     served: Callable[[Hashable], float],
+    size: Callable[[T], int] = lambda _: 1,
+    weight: Callable[[T], float] = lambda _: 1.0,
 ) -> list[T]:
-    """``prompts`` in tenants' turns: the least served tenant first (ties: the one whose next
-    prompt is most urgent), each tenant's prompts most urgent first. With one tenant, simply
-    most urgent first."""
+    """``prompts`` in tenants' weighted turns (start-time fair queueing): each prompt is
+    tagged with its tenant's service so far plus the ``size`` of the tenant's more urgent
+    prompts, over the prompt's ``weight``, and taken lowest tag first (ties: most urgent).
+    A tenant of weight 2 is thus served twice the tokens of one of weight 1 while both wait;
+    each tenant's own prompts keep their urgency order. With one tenant, most urgent first."""
     queues: dict[Hashable, list[T]] = {}
     for prompt in sorted(prompts, key=urgency):
         queues.setdefault(tenant(prompt), []).append(prompt)
     if len(queues) <= 1:
         return [p for q in queues.values() for p in q]
-    turns = sorted(queues, key=lambda t: (served(t), urgency(queues[t][0])))
-    ordered: list[T] = []
-    depth = max(len(q) for q in queues.values())
-    for i in range(depth):
-        ordered += [queues[t][i] for t in turns if i < len(queues[t])]
-    return ordered
+    tagged: list[tuple[float, float, int, T]] = []
+    for t, queue in queues.items():
+        ahead = served(t)
+        for prompt in queue:
+            tagged.append((ahead / weight(prompt), urgency(prompt), len(tagged), prompt))
+            ahead += size(prompt)
+    tagged.sort(key=lambda entry: entry[:3])
+    return [entry[3] for entry in tagged]

@@ -171,18 +171,20 @@ def test_cache_control_skips_reading_the_cache(client: OpenAI, model_name: str) 
 def test_a_requests_own_ttft_objective_is_held_and_priority_is_taken(
     client: OpenAI, model_name: str
 ) -> None:
-    """``ttft_slo_ms`` too tight for any node is OpenAI's 429 with Retry-After, refused by the
-    scheduler before any node works on it; a reachable one, and vLLM's ``priority``, answer."""
+    """``ttft_slo_ms`` or ``tbt_slo_ms`` too tight for any node is OpenAI's 429 with
+    Retry-After, refused by the scheduler before any node works on it; reachable ones, and
+    vLLM's ``priority``, answer."""
     long = [{"role": "user", "content": "Repeat: " + "a tide, a shore, a wave. " * 60}]
-    with pytest.raises(openai.RateLimitError) as refused:
-        client.chat.completions.create(
-            model=model_name, messages=long, temperature=0, max_tokens=2,
-            extra_body={"ttft_slo_ms": 0.001},
-        )  # fmt: skip
-    assert "objective" in refused.value.message
-    assert refused.value.response.headers.get("retry-after")
+    for field, reason in (("ttft_slo_ms", "objective"), ("tbt_slo_ms", "time between tokens")):
+        with pytest.raises(openai.RateLimitError) as refused:
+            client.chat.completions.create(
+                model=model_name, messages=long, temperature=0, max_tokens=2,
+                extra_body={field: 0.001},
+            )  # fmt: skip
+        assert reason in refused.value.message
+        assert refused.value.response.headers.get("retry-after")
     reply = client.chat.completions.create(
         model=model_name, messages=long, temperature=0, max_tokens=2,
-        extra_body={"ttft_slo_ms": 600_000, "priority": -1},
+        extra_body={"ttft_slo_ms": 600_000, "tbt_slo_ms": 60_000, "priority": -1},
     )  # fmt: skip
     assert reply.choices[0].finish_reason == "length"

@@ -151,6 +151,35 @@ def test_in_turns_takes_the_least_served_tenant_first() -> None:
     assert one == prompts_[:3]
 
 
+def test_a_heavier_tenant_is_served_tokens_in_proportion_to_its_weight() -> None:
+    # Two tenants, each with ten 100-token prompts waiting, neither served yet; "gold" has
+    # weight 3. Over any prefix of the order, gold has about three times silver's tokens.
+    prompts_ = [("gold", float(i)) for i in range(10)] + [("silver", float(i)) for i in range(10)]
+    weights = {"gold": 3.0, "silver": 1.0}
+    ordered = in_turns(
+        prompts_,
+        lambda p: p[0],
+        lambda p: p[1],
+        lambda t: 0.0,
+        lambda p: 100,
+        lambda p: weights[p[0]],
+    )
+    first_eight = [p[0] for p in ordered[:8]]
+    assert first_eight.count("gold") == 6 and first_eight.count("silver") == 2
+    # Each tenant's own prompts stay most urgent first.
+    assert [p[1] for p in ordered if p[0] == "gold"] == [float(i) for i in range(10)]
+    # Past service counts over the weight: silver, far behind, goes first.
+    behind = in_turns(
+        prompts_,
+        lambda p: p[0],
+        lambda p: p[1],
+        {"gold": 3000.0, "silver": 0.0}.__getitem__,
+        lambda p: 100,
+        lambda p: weights[p[0]],
+    )
+    assert [p[0] for p in behind[:4]] == ["silver"] * 4
+
+
 def test_service_decays_by_half_each_half_life() -> None:
     service = TenantService(half_life_s=10.0)
     service.add("a", 1000, now=100.0)

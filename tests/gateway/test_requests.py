@@ -8,6 +8,7 @@ import pytest
 
 from services.gateway.errors import ApiError
 from services.gateway.requests import COMPLETIONS_DEFAULT_MAX_TOKENS, RequestBuilder
+from services.gateway.sampling import TenantTerms
 from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
 from shared.model.tokenizer import Tokenizer
 
@@ -142,14 +143,23 @@ def test_priority_and_the_ttft_objective_reach_the_nodes(builder: RequestBuilder
 def test_a_tenants_objective_applies_unless_the_request_brings_its_own(
     tokenizer: Tokenizer,
 ) -> None:
-    builder = RequestBuilder(tokenizer, MODEL, MAX_LEN, max_n=4, tenant_ttft_slos_ms={"a": 800})
+    terms = {"a": TenantTerms(ttft_slo_ms=800, tbt_slo_ms=50, weight=2.0)}
+    builder = RequestBuilder(tokenizer, MODEL, MAX_LEN, max_n=4, tenant_terms=terms)
     body = ChatCompletionRequest.model_validate({"model": MODEL, "messages": HELLO})
     request = builder.chat(body, "a").choices[0].request
     assert request.sampling.ttft_deadline == pytest.approx(request.arrival_ts + 0.8)
-    assert builder.chat(body, "b").choices[0].request.sampling.ttft_deadline == 0.0
-    own = body.model_copy(update={"ttft_slo_ms": 5000.0})
+    assert (request.sampling.tbt_slo_s, request.sampling.tenant_weight) == (0.05, 2.0)
+    other = builder.chat(body, "b").choices[0].request.sampling
+    assert (other.ttft_deadline, other.tbt_slo_s, other.tenant_weight) == (0.0, 0.0, 1.0)
+    own = body.model_copy(update={"ttft_slo_ms": 5000.0, "tbt_slo_ms": 200.0})
     request = builder.chat(own, "a").choices[0].request
     assert request.sampling.ttft_deadline == pytest.approx(request.arrival_ts + 5.0)
+    assert request.sampling.tbt_slo_s == 0.2
+
+
+def test_a_bad_time_between_tokens_objective_is_refused(builder: RequestBuilder) -> None:
+    for bad in (0, -5, 3_600_001):
+        assert rejected(chat, builder, tbt_slo_ms=bad).param == "tbt_slo_ms"
 
 
 def test_logprobs_mapping(builder: RequestBuilder) -> None:

@@ -11,6 +11,7 @@ from services.gateway import errors
 from services.gateway.auth import ApiKeys, key_digest, key_line, parse_api_keys, parse_key_file
 from services.gateway.config import GatewaySettings
 from services.gateway.errors import ApiError
+from services.gateway.sampling import TenantTerms
 from services.gateway.schemas import ChatCompletionRequest, CompletionRequest
 
 
@@ -33,9 +34,22 @@ def test_tenant_objectives_are_read_and_a_malformed_list_stops_the_start(
     monkeypatch.setenv("CRESCENT_API_KEYS", "k1:a")
     monkeypatch.setenv("CRESCENT_TENANT_TTFT_SLO_MS", "a=500, b=2000")
     assert GatewaySettings().tenant_ttft_slos_ms == {"a": 500, "b": 2000}
-    monkeypatch.setenv("CRESCENT_TENANT_TTFT_SLO_MS", "a=fast")
-    with pytest.raises(ValidationError, match="CRESCENT_TENANT_TTFT_SLO_MS"):
-        GatewaySettings()
+    monkeypatch.setenv("CRESCENT_TENANT_TBT_SLO_MS", "a=80")
+    monkeypatch.setenv("CRESCENT_TENANT_WEIGHTS", "b=4")
+    assert GatewaySettings().tenant_terms == {
+        "a": TenantTerms(500, 80, 1.0),
+        "b": TenantTerms(2000, None, 4.0),
+    }
+    for variable, value in (
+        ("CRESCENT_TENANT_TTFT_SLO_MS", "a=fast"),
+        ("CRESCENT_TENANT_TBT_SLO_MS", "a=0"),
+        ("CRESCENT_TENANT_WEIGHTS", "b=0"),
+        ("CRESCENT_TENANT_WEIGHTS", "b=1001"),
+    ):
+        with monkeypatch.context() as m:
+            m.setenv(variable, value)
+            with pytest.raises(ValidationError, match=f"{variable}|objective"):
+                GatewaySettings()
 
 
 SECRET_KEY = "sk-live-4f9c2a7d1e"

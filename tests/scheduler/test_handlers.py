@@ -189,6 +189,29 @@ def test_a_request_whose_own_deadline_is_out_of_reach_is_refused_at_placement() 
     asyncio.run(scenario())
 
 
+def test_a_requests_own_time_between_tokens_objective_is_held_at_placement() -> None:
+    """No objective configured on the scheduler: a request's own ``tbt_slo_s`` (from its
+    ``tbt_slo_ms`` or its tenant's) is checked against every decode node's forecast."""
+
+    def asking(request_id: str, tbt_slo_s: float) -> GenerateRequest:
+        request = generate(request_id)
+        request.sampling.tbt_slo_s = tbt_slo_s
+        return request
+
+    async def scenario() -> None:
+        async with scheduler(FakeCacheMeta()) as h:
+            await h.nodes(beat("A", "prefill"), beat("D", "decode", running_seqs=32))
+            tight = await h.send(asking("r-tight", 1e-4))  # no step is that fast
+            assert not tight.accepted and tight.error_code == 429
+            assert "time between tokens" in tight.error and tight.retry_after_s is not None
+            assert h.tasks.empty()
+            assert h.sample("crescent_rejections_total", {"cause": "tbt_slo"}) == 1
+            assert (await h.send(asking("r-loose", 60.0))).accepted
+            assert (await h.send(generate("r-none"))).accepted
+
+    asyncio.run(scenario())
+
+
 def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CRESCENT_TTFT_SLO_MS", "250")
     monkeypatch.setenv("CRESCENT_CACHEMETA_URL", "127.0.0.1:50051")

@@ -194,6 +194,32 @@ def test_compare_alternates_rounds_and_writes_ratios(tmp_path: Path) -> None:
         assert result["summary"]["completed"] == 12
 
 
+def test_a_rate_sweep_runs_once_per_rate_and_reports_goodput_and_scales(tmp_path: Path) -> None:
+    server = FakeOpenAI(fail_every=5)
+    argv = ["--dataset", "random", "--num-requests", "6", "--input-len", "8", "--warmup", "0"]
+    argv += ["--output-len", "2", "--request-rates", "50,100", "--slo-scales", "0.5,1,4"]
+    argv += ["--compare", "--rounds", "1", "--out", str(tmp_path)]
+    argv += ["--target", "a=http://one/v1", "--target", "b=http://one/v1,cache=off"]
+    assert _bench(argv, server) == 0
+    assert len(server.bodies) == 2 * 2 * 6  # two rates, two targets, six requests
+    prompts = [tuple(body["prompt"]) for _, body in server.bodies]
+    assert not set(prompts[:12]) & set(prompts[12:])  # each rate its own prompts
+    sweep = json.loads((tmp_path / "sweep.json").read_text())
+    assert sweep["config"]["request_rates"] == [50.0, 100.0]
+    for rate in ("50", "100"):
+        for name in ("a", "b"):
+            row = sweep["sweep"][f"{float(rate)}"][name]
+            result = json.loads((tmp_path / f"rate-{rate}" / name / "result.json").read_text())
+            # The sweep's figures are the run's own, and a failure never meets any scale.
+            assert row["goodput"] == pytest.approx(result["summary"]["goodput"])
+            assert row["slo_attainment"] == pytest.approx(result["summary"]["slo_attainment"])
+            assert row["attainment_at_4x"] <= 1 - result["summary"]["failed"] / 6
+            assert result["config"]["pacing"]["request_rate"] == float(rate)
+    # Every fifth request failed, so 90% of six is out of reach at any scale.
+    assert sweep["sweep"]["50.0"]["a"]["tightest_scale_p90"] == "inf"
+    assert (tmp_path / "slo_sweep.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_a_target_that_refuses_the_warm_up_stops_the_run(tmp_path: Path) -> None:
     argv = ["--dataset", "random", "--num-requests", "3", "--out", str(tmp_path)]
     assert _bench(argv, FakeOpenAI(fail_every=1)) == 1

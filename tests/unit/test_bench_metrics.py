@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from crescent.bench.metrics import Slo, is_good, latency_stats, ratios, summarize, tpot_s
+from crescent.bench.metrics import (
+    Slo,
+    attainment_at,
+    is_good,
+    latency_stats,
+    ratios,
+    required_scale,
+    summarize,
+    tightest_scale,
+    tpot_s,
+)
 from crescent.bench.records import RequestRecord
 
 
@@ -58,6 +68,23 @@ def test_tpot_and_the_slo_of_each_request() -> None:
     assert [is_good(r, SLO) for r in RECORDS] == [False, True, False, False]
     assert is_good(RECORDS[0], Slo(1000, 250))  # the objective itself is met
     assert is_good(RECORDS[2], Slo(2000, 1))  # no TPOT: only TTFT counts
+
+
+def test_each_requests_required_scale_and_the_tightest_scale_held() -> None:
+    # TTFT 0.1 / 1 s and TPOT 0.25 / 0.2 s: 1.25; 0.3 and 0.5: 0.5; 2.0 (no TPOT): 2; failed.
+    needed = [required_scale(r, SLO) for r in RECORDS]
+    assert needed == pytest.approx([1.25, 0.5, 2.0, float("inf")])
+    assert attainment_at(sorted(needed), 1.0) == 0.25  # the goodput's own share
+    assert attainment_at(sorted(needed), 2.0) == 0.75
+    # 90% of 4 requests is all 4: the failed one can never meet it.
+    assert tightest_scale(RECORDS, SLO) == float("inf")
+    assert tightest_scale(RECORDS, SLO, attainment=0.75) == pytest.approx(2.0)
+    assert tightest_scale(RECORDS[:3], SLO, attainment=0.5) == pytest.approx(1.25)
+    assert tightest_scale([], SLO) is None
+    # At its required scale a request is good; a hair tighter, it is not.
+    for record, scale in zip(RECORDS[:3], needed, strict=False):
+        assert is_good(record, Slo(SLO.ttft_ms * scale, SLO.tpot_ms * scale))
+        assert not is_good(record, Slo(SLO.ttft_ms * scale * 0.99, SLO.tpot_ms * scale * 0.99))
 
 
 def test_summary_on_fixed_timings() -> None:

@@ -121,7 +121,9 @@ def simulate(
             placed_since_beat = 0
         while next_arrival <= t:
             out = MAX_TOKENS // 2 + (number * 37) % MAX_TOKENS if varied else MAX_TOKENS
-            ask = PlacementRequest(PROMPT, out, request_id=f"r{number}")
+            # Placed under the objective it is checked against, as the scheduler does.
+            objective = TBT_SLO_S if predictive else None
+            ask = PlacementRequest(PROMPT, out, request_id=f"r{number}", tbt_slo_s=objective)
             if predictive:
                 decision = place(ask, cluster.view, [], t, tbt_slo_s=TBT_SLO_S)
             else:

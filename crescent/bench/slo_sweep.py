@@ -15,6 +15,7 @@ from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 from rich.table import Table
 
 from crescent.bench.metrics import (
@@ -127,6 +128,7 @@ def plot(records_by_rate: RateRecords, sweep: RateFigures, slo: Slo, path: Path)
         ylabel="× the objectives (lower is tighter)",
     )
     by_scale.set_yscale("log", base=2)
+    by_scale.yaxis.set_major_formatter(ScalarFormatter())
     for rate in rates:
         for name, records in records_by_rate[rate].items():
             needed = sorted(required_scale(r, slo) for r in records)

@@ -235,6 +235,7 @@ class LLMEngine:
             tokens = sum(c.num_new for c in plan.chunks)
             self.step_timings.append(StepTiming(len(plan.chunks), tokens, context, elapsed))
             self.stats.note_prompt_step(tokens, elapsed)
+            self.scheduler.prompt_token_s = self.stats.prompt_token_s
             self._advance(plan, failed)
             self.stats.steps += 1
             self.stats.failed_steps += bool(failed)

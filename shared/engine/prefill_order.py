@@ -10,7 +10,13 @@ to the others, most urgent first, no more of it than the finishing prompts take.
 prompt that arrives behind a long one finishes within a short step while the long one goes on
 (at half speed at worst, so a stream of short prompts cannot starve it), and long prompts are
 computed one after another in deadline order rather than all slowed down together (which
-would delay every first token to the time of the last). Pure: no I/O, no clock.
+would delay every first token to the time of the last).
+
+A prompt that cannot meet its due time any more, at the node's measured pace, yields to those
+that still can (``feasible_first``): under overload, earliest-deadline-first would otherwise
+spend the node on a prompt already late and make every prompt behind it late too (the domino
+effect of EDF). It yields for at most ``LATE_GRACE_S`` past its due time, then takes its place
+again, first by then, so a stream of feasible prompts cannot starve it. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -23,12 +29,26 @@ DEFAULT_TTFT_S = 10.0
 PRIORITY_STEP_S = 1.0
 #: The smallest share of a step a prompt is given while others wait beside it.
 MIN_PREFILL_SHARE = 128
+#: How long past its due time a prompt that cannot meet it yields to those that can.
+LATE_GRACE_S = DEFAULT_TTFT_S
+#: Added to the urgency of a prompt that yields: after every prompt that does not.
+YIELDED_S = 1e9
 
 
 def urgency(priority: int, deadline: float, arrival: float) -> float:
     """When the prompt's first token is due (Unix seconds), moved by its priority."""
     due = deadline if deadline > 0 else arrival + DEFAULT_TTFT_S
     return due + priority * PRIORITY_STEP_S
+
+
+def feasible_first(due: float, left_tokens: int, now: float, token_s: float) -> float:
+    """The prompt's place in the order, given when it is ``due``: that time, unless its
+    ``left_tokens`` cannot be computed by then at ``token_s`` seconds a token (0: not measured
+    yet, so every prompt is taken to make it) while it is less than ``LATE_GRACE_S`` late;
+    then after every prompt that can, in due order among those that yield."""
+    if token_s <= 0 or now >= due + LATE_GRACE_S or now + left_tokens * token_s <= due:
+        return due
+    return due + YIELDED_S
 
 
 def share_budget(remaining: Sequence[int], budget: int, min_share: int) -> list[int]:

@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 
 from shared.engine.kv_manager import KVCacheManager
 from shared.engine.partial_blocks import PartialHit
-from shared.engine.prefill_order import MIN_PREFILL_SHARE, share_budget, urgency
+from shared.engine.prefill_order import (
+    MIN_PREFILL_SHARE,
+    feasible_first,
+    share_budget,
+    urgency,
+)
 from shared.engine.sequence import Sequence, SequenceStatus
 from shared.engine.tenant_share import TenantService, in_turns
 from shared.kv.pool import KVBlock
@@ -85,6 +90,9 @@ class Scheduler:
         # False: first come, first served, each prompt taking whole steps (vLLM's fcfs).
         self.by_deadline = by_deadline
         self.tenants = TenantService()
+        # Seconds a prompt token takes on this node lately (0: not measured yet); the engine
+        # keeps it current from its steps (``EngineStats.prompt_token_s``).
+        self.prompt_token_s = 0.0
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -138,19 +146,21 @@ class Scheduler:
         room = self.max_num_seqs - len(self.running)
         waiting = [] if out.preempted or room <= 0 else self._most_urgent_waiting(room)
         now = time.monotonic()
+        left = {id(s): self._left_to_compute(s) for s in prompts + waiting}
         if self.by_deadline:
+            wall = time.time()
             candidates = in_turns(
                 prompts + waiting,
                 _tenant,
-                self.urgency,
+                lambda seq: self._placed_by(seq, left[id(seq)], wall),
                 lambda t: self.tenants.served(t, now),
-                self._left_to_compute,
+                lambda seq: left[id(seq)],
                 lambda seq: seq.params.tenant_weight,
             )
         else:
             candidates = sorted(prompts + waiting, key=self.urgency)
         min_share = self.min_share if self.by_deadline else 0
-        remaining = [self._left_to_compute(s) for s in candidates]
+        remaining = [left[id(s)] for s in candidates]
         grants = share_budget(remaining, budget, min_share)
         admitting = True
         for seq, grant in zip(candidates, grants, strict=True):
@@ -166,6 +176,10 @@ class Scheduler:
                 placed = False
             if placed:
                 self.tenants.add(_tenant(seq), grant, now)
+
+    def _placed_by(self, seq: Sequence, left_tokens: int, now: float) -> float:
+        """Its urgency, after every prompt that can still meet its due time if it cannot."""
+        return feasible_first(self.urgency(seq), left_tokens, now, self.prompt_token_s)
 
     def _most_urgent_waiting(self, count: int) -> list[Sequence]:
         return sorted(self.waiting, key=self.urgency)[:count]

@@ -10,7 +10,9 @@ import pytest
 from shared.engine.engine import LLMEngine
 from shared.engine.prefill_order import (
     DEFAULT_TTFT_S,
+    LATE_GRACE_S,
     PRIORITY_STEP_S,
+    feasible_first,
     share_budget,
     urgency,
 )
@@ -52,6 +54,18 @@ def test_deadlines_order_prompts_and_priority_moves_them() -> None:
     assert urgency(-1, 0.0, now) == urgency(0, 0.0, now) - PRIORITY_STEP_S
     # Aging: a low-priority prompt that waited long enough comes before a new urgent one.
     assert urgency(5, 0.0, now) < urgency(-1, 0.0, now + 7)
+
+
+def test_a_prompt_that_cannot_make_its_due_time_yields_for_a_while() -> None:
+    now, token_s = 1_000_000.0, 0.01
+    # 100 tokens take 1 s: due in 2 s it keeps its place; due in 0.5 s it cannot make it.
+    assert feasible_first(now + 2, 100, now, token_s) == now + 2
+    late = feasible_first(now + 0.5, 100, now, token_s)
+    assert late > feasible_first(now + 3600, 100, now, token_s)  # after every feasible one
+    assert late < feasible_first(now + 0.6, 100, now, token_s)  # in due order among them
+    # Not measured yet: nobody yields. Late by the grace: it takes its place again.
+    assert feasible_first(now + 0.5, 100, now, 0.0) == now + 0.5
+    assert feasible_first(now - LATE_GRACE_S, 100, now, token_s) == now - LATE_GRACE_S
 
 
 def run_all(
@@ -123,6 +137,30 @@ def test_an_earlier_deadline_or_priority_goes_first_and_tokens_do_not_change(
 
 def _greedy(**more: object) -> dict[str, object]:
     return {"max_tokens": 4, "temperature": 0.0, "ignore_eos": True, **more}
+
+
+def test_a_prompt_past_reach_yields_to_one_that_can_still_make_it(
+    make_engine: EngineFactory,
+) -> None:
+    # Neither prompt fits a share of the 64-token step, so without the rule the one due first
+    # would take every step until it is done.
+    late_prompt, fine_prompt = prompts(1, 600, 600, seed=82)[0], prompts(1, 200, 200, seed=83)[0]
+    engine = make_engine(num_kv_blocks=256, max_num_batched_tokens=64)
+    due_at_once = SamplingParams(
+        max_tokens=4, temperature=0.0, ignore_eos=True, ttft_deadline=time.time() + 0.001
+    )
+    engine.add_request("late", late_prompt, due_at_once)
+    for _ in range(3):  # mid-prefill, and the node's pace measured
+        engine.step()
+    assert engine.scheduler.prompt_token_s > 0
+    in_a_minute = SamplingParams(
+        max_tokens=4, temperature=0.0, ignore_eos=True, ttft_deadline=time.time() + 60
+    )
+    engine.add_request("fine", fine_prompt, in_a_minute)
+    order, tokens = run_all(engine)
+    assert order == ["fine", "late"]
+    alone = make_engine(num_kv_blocks=256).generate([late_prompt, fine_prompt], GREEDY)
+    assert [tokens["late"], tokens["fine"]] == [o.output_token_ids for o in alone]
 
 
 def test_a_tenants_backlog_does_not_hold_back_another_tenants_prompt(

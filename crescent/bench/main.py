@@ -205,7 +205,7 @@ def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None = N
     try:
         if opts.request_rates:
             return sweep_rates(opts, console, transport)
-        return one_run(opts, conversations, console, transport)[0]
+        return one_run(opts, conversations, console, transport).status
     except BenchError as exc:
         console.print(f"[red]crescent bench: {exc}[/]", highlight=False)
         return 1
@@ -214,14 +214,23 @@ def run(args: argparse.Namespace, transport: httpx.AsyncBaseTransport | None = N
         return 130
 
 
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """One play of the workload: the exit status (1 when a target completed nothing), and
+    per target its records and its summary."""
+
+    status: int
+    runs: dict[str, TargetRun]
+    summaries: dict[str, Summary]
+
+
 def one_run(
     opts: BenchOptions,
     conversations: Sequence[Conversation],
     console: Console,
     transport: httpx.AsyncBaseTransport | None,
-) -> tuple[int, dict[str, TargetRun]]:
-    """Plays the workload once against every target, prints and writes its figures; the exit
-    status (1 when a target completed nothing) and the runs."""
+) -> RunResult:
+    """Plays the workload once against every target, prints and writes its figures."""
     console.print(describe(opts, conversations))
     runs = asyncio.run(bench(opts, conversations, console, transport))
     slo = Slo(opts.slo_ttft_ms, opts.slo_tpot_ms)
@@ -233,7 +242,8 @@ def one_run(
             console.print(f"{name}: a request failed: {error}", markup=False, highlight=False)
     for path in write_outputs(opts, runs, summaries):
         console.print(f"wrote {path}", highlight=False)
-    return (0 if all(s["completed"] for s in summaries.values()) else 1), runs
+    status = 0 if all(s["completed"] for s in summaries.values()) else 1
+    return RunResult(status, runs, summaries)
 
 
 def sweep_rates(
@@ -244,7 +254,7 @@ def sweep_rates(
     ids of its own (the seed plus the rate's position), so no run finds an earlier one's
     prompts in a server's cache."""
     records: dict[float, dict[str, list[RequestRecord]]] = {}
-    durations: dict[float, dict[str, float]] = {}
+    summaries: dict[float, dict[str, Summary]] = {}
     status = 0
     for position, rate in enumerate(opts.request_rates):
         rate_opts = dataclasses.replace(
@@ -254,16 +264,19 @@ def sweep_rates(
             out=slo_sweep.rate_folder(opts, rate),
         )
         conversations = build(rate_opts.workload, rate_opts.pacing)
-        code, runs = one_run(rate_opts, conversations, console, transport)
-        status = max(status, code)
-        records[rate] = {name: r.records for name, r in runs.items()}
-        durations[rate] = {name: r.duration_s for name, r in runs.items()}
+        result = one_run(rate_opts, conversations, console, transport)
+        status = max(status, result.status)
+        records[rate] = {name: r.records for name, r in result.runs.items()}
+        summaries[rate] = result.summaries
     slo = Slo(opts.slo_ttft_ms, opts.slo_tpot_ms)
-    sweep = slo_sweep.figures(records, durations, slo, opts.slo_scales)
+    sweep = slo_sweep.figures(summaries, records, slo, opts.slo_scales)
     console.print(slo_sweep.table(sweep, slo))
-    config: dict[str, object] = {"request_rates": opts.request_rates}
-    config |= {"slo_scales": opts.slo_scales, "slo_ttft_ms": slo.ttft_ms}
-    config["slo_tpot_ms"] = slo.tpot_ms
+    config = {
+        "request_rates": opts.request_rates,
+        "slo_scales": opts.slo_scales,
+        "slo_ttft_ms": slo.ttft_ms,
+        "slo_tpot_ms": slo.tpot_ms,
+    }
     written = [opts.out / "sweep.json"]
     report.write_json(written[0], {"config": config, "sweep": sweep})
     if opts.plots:

@@ -62,6 +62,11 @@ def required_scale(record: RequestRecord, slo: Slo) -> float:
     return scale if tpot is None else max(scale, tpot * 1000 / slo.tpot_ms)
 
 
+def needed_scales(records: Sequence[RequestRecord], slo: Slo) -> list[float]:
+    """Each request's ``required_scale``, sorted."""
+    return sorted(required_scale(r, slo) for r in records)
+
+
 def attainment_at(scales: Sequence[float], scale: float) -> float:
     """The share of requests (given by their required scales) that meet the objectives
     multiplied by ``scale``."""
@@ -73,7 +78,7 @@ def tightest_scale(
 ) -> float | None:
     """The smallest factor on both objectives at which at least ``attainment`` of the
     requests sent meet them (infinite when more than the rest failed; None for none sent)."""
-    return scale_held(sorted(required_scale(r, slo) for r in records), attainment)
+    return scale_held(needed_scales(records, slo), attainment)
 
 
 def scale_held(needed: Sequence[float], attainment: float = ATTAINMENT_TARGET) -> float | None:

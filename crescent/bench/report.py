@@ -77,7 +77,7 @@ def summary_table(
     for label in ratios:
         table.add_column(label.replace("/", " / "), justify="right")
     for key, label, fmt in ROWS:
-        cells = [_cell(s.get(key), fmt) for s in summaries.values()]
+        cells = [cell(s.get(key), fmt) for s in summaries.values()]
         if all(c == "—" for c in cells):
             continue  # a figure no server reported (cached tokens by tier, say)
         for ratio in ratios.values():
@@ -87,7 +87,8 @@ def summary_table(
     return table
 
 
-def _cell(value: float | int | None, fmt: str) -> str:
+def cell(value: float | int | None, fmt: str) -> str:
+    """A figure as a table shows it: — when missing, ∞ for an infinite scale."""
     if value == math.inf:
         return "∞"  # a tightest scale: more than the rest of the requests failed
     if value is None or (isinstance(value, float) and not math.isfinite(value)):

@@ -18,42 +18,32 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import ScalarFormatter
 from rich.table import Table
 
-from crescent.bench.metrics import (
-    ATTAINMENT_TARGET,
-    Slo,
-    attainment_at,
-    required_scale,
-    scale_held,
-)
+from crescent.bench.metrics import ATTAINMENT_TARGET, Slo, Summary, attainment_at, needed_scales
 from crescent.bench.options import BenchOptions
 from crescent.bench.records import RequestRecord
+from crescent.bench.report import cell
 
 #: Per rate, per target: that run's records.
 RateRecords = Mapping[float, Mapping[str, Sequence[RequestRecord]]]
+#: Per rate, per target: that run's summary (``metrics.summarize``).
+RateSummaries = Mapping[float, Mapping[str, Summary]]
 #: Per rate, per target: the figures a sweep reports.
-RateFigures = dict[float, dict[str, dict[str, float | None]]]
+RateFigures = dict[float, dict[str, dict[str, float | int | None]]]
+#: The figures of a run's summary that a sweep reports.
+SUMMARY_KEYS = ("goodput", "slo_attainment", "tightest_scale_p90")
 
 
 def figures(
-    records_by_rate: RateRecords,
-    durations: Mapping[float, Mapping[str, float]],
-    slo: Slo,
-    scales: Sequence[float],
+    summaries: RateSummaries, records_by_rate: RateRecords, slo: Slo, scales: Sequence[float]
 ) -> RateFigures:
-    """Per rate and target: goodput (req/s) and attainment at the objectives as given, the
-    tightest scale met by 90%, and the attainment at each of ``scales``."""
+    """Per rate and target: the run's goodput (req/s), attainment at the objectives as given
+    and tightest scale met by 90%, and the attainment at each of ``scales``."""
     out: RateFigures = {}
     for rate, by_target in records_by_rate.items():
         out[rate] = {}
         for name, records in by_target.items():
-            needed = sorted(required_scale(r, slo) for r in records)
-            duration = durations[rate][name]
-            good = attainment_at(needed, 1.0) * len(needed)
-            row: dict[str, float | None] = {
-                "goodput": good / duration if duration > 0 else None,
-                "slo_attainment": attainment_at(needed, 1.0),
-                "tightest_scale_p90": scale_held(needed),
-            }
+            needed = needed_scales(records, slo)
+            row = {key: summaries[rate][name][key] for key in SUMMARY_KEYS}
             row |= {f"attainment_at_{s:g}x": attainment_at(needed, s) for s in scales}
             out[rate][name] = row
     return out
@@ -78,7 +68,8 @@ def table(sweep: RateFigures, slo: Slo) -> Table:
     for rate, by_target in sorted(sweep.items()):
         cells = [f"{rate:g}"]
         for name in names:
-            cells += [_fmt(by_target[name]["goodput"], "{:.3f}"), _scale(by_target[name])]
+            row = by_target[name]
+            cells += [cell(row["goodput"], "{:.3f}"), cell(row["tightest_scale_p90"], "{:.2f}×")]
         first = by_target[names[0]]
         for name in names[1:]:
             cells.append(_ratio(first["goodput"], by_target[name]["goodput"]))
@@ -87,24 +78,14 @@ def table(sweep: RateFigures, slo: Slo) -> Table:
     return t
 
 
-def _scale(row: Mapping[str, float | None]) -> str:
-    return _fmt(row["tightest_scale_p90"], "{:.2f}×")
-
-
-def _fmt(value: float | None, fmt: str) -> str:
-    if value is None:
-        return "—"
-    return "∞" if value == math.inf else fmt.format(value)
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> str:
+def _ratio(numerator: float | int | None, denominator: float | int | None) -> str:
     """``numerator / denominator`` as a factor: ∞ over a finite value is ∞, a finite value
     over ∞ is 0, missing or 0 below is —."""
     if numerator is None or denominator is None or denominator == 0:
         return "—"
     if math.isinf(numerator) and math.isinf(denominator):
         return "—"
-    return _fmt(numerator / denominator, "{:.2f}×")
+    return cell(numerator / denominator, "{:.2f}×")
 
 
 def plot(records_by_rate: RateRecords, sweep: RateFigures, slo: Slo, path: Path) -> None:
@@ -131,7 +112,7 @@ def plot(records_by_rate: RateRecords, sweep: RateFigures, slo: Slo, path: Path)
     by_scale.yaxis.set_major_formatter(ScalarFormatter())
     for rate in rates:
         for name, records in records_by_rate[rate].items():
-            needed = sorted(required_scale(r, slo) for r in records)
+            needed = needed_scales(records, slo)
             xs = [s for s in needed if s < math.inf]
             ys = [(i + 1) / len(needed) for i in range(len(xs))]
             curves.step(xs, ys, where="post", label=f"{name} @ {rate:g}/s")

@@ -194,9 +194,13 @@ class GatewaySettings(GuardSettings, NatsAuthSettings):
                     f"CRESCENT_TENANT_WEIGHTS: tenant {name!r} has weight {weight}; "
                     f"weights are 1 to {MAX_TENANT_WEIGHT:g}"
                 )
-        for name, ms in {**ttft, **tbt}.items():
-            if ms <= 0:
-                raise refused(f"tenant {name!r}: an objective must be a positive number of ms")
+        for variable, objectives in (("TTFT", ttft), ("TBT", tbt)):
+            for name, ms in objectives.items():
+                if ms <= 0:
+                    raise refused(
+                        f"CRESCENT_TENANT_{variable}_SLO_MS: tenant {name!r} has {ms} ms; "
+                        "an objective must be a positive number of ms"
+                    )
         return {
             name: TenantTerms(ttft.get(name), tbt.get(name), float(weights.get(name, 1)))
             for name in ttft.keys() | tbt.keys() | weights.keys()

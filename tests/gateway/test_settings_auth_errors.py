@@ -43,12 +43,13 @@ def test_tenant_objectives_are_read_and_a_malformed_list_stops_the_start(
     for variable, value in (
         ("CRESCENT_TENANT_TTFT_SLO_MS", "a=fast"),
         ("CRESCENT_TENANT_TBT_SLO_MS", "a=0"),
+        ("CRESCENT_TENANT_TTFT_SLO_MS", "a=0"),  # with a's TBT objective set beside it
         ("CRESCENT_TENANT_WEIGHTS", "b=0"),
         ("CRESCENT_TENANT_WEIGHTS", "b=1001"),
     ):
         with monkeypatch.context() as m:
             m.setenv(variable, value)
-            with pytest.raises(ValidationError, match=f"{variable}|objective"):
+            with pytest.raises(ValidationError, match=variable):
                 GatewaySettings()
 
 

@@ -64,13 +64,14 @@ class Scheduler:
     what is left of the token budget between the prompts being prefilled and those waiting to
     be admitted, most urgent first (``shared.engine.prefill_order``: by TTFT deadline and
     priority; those whose rest fits an equal share finish first, the most urgent of the others
-    takes what is left; tenants take turns, the least served first: ``tenant_share``), while
-    the sequence cap and the pool allow; with ``by_deadline`` False, in arrival order, each
-    taking whole steps. Decodes go first so that a long prompt's chunks never hold a running
-    stream back for the rest of its prefill, and a short prompt is not held back for the whole
-    of a long one either. When a running sequence cannot get a block, the most recently
-    admitted one is preempted: its blocks go back to the pool (and stay in the prefix cache),
-    and it is recomputed later from its tokens.
+    takes what is left; a prompt that cannot meet its due time at ``prompt_token_s`` yields
+    to those that can; tenants take weighted turns, the least served for its weight first:
+    ``tenant_share``), while the sequence cap and the pool allow; with ``by_deadline`` False,
+    in arrival order, each taking whole steps. Decodes go first so that a long prompt's
+    chunks never hold a running stream back for the rest of its prefill, and a short prompt is
+    not held back for the whole of a long one either. When a running sequence cannot get a
+    block, the most recently admitted one is preempted: its blocks go back to the pool (and
+    stay in the prefix cache), and it is recomputed later from its tokens.
     """
 
     def __init__(

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.sampling_params import MAX_KEEP_TTL_S, MAX_PRIORITY
+from shared.sampling_params import MAX_KEEP_TTL_S, MAX_PRIORITY, MAX_TBT_SLO_S
 
 
 class Strict(BaseModel):
@@ -73,7 +73,7 @@ class StructuredOutputs(Strict):
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 #: The longest time to first token a request may ask for (a day).
 MAX_TTFT_SLO_MS = 86_400_000.0
-MAX_TBT_SLO_MS = 3_600_000.0
+MAX_TBT_SLO_MS = MAX_TBT_SLO_S * 1000  # what a node accepts, in the field's unit
 
 
 class FunctionDefinition(Strict):

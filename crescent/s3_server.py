@@ -10,6 +10,7 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,23 +109,24 @@ def _hold(held: contextlib.ExitStack, port: int) -> int:
     return int(s.getsockname()[1])
 
 
-def _free_pair(held: contextlib.ExitStack) -> int:
+def _free_pair(held: contextlib.ExitStack, avoid: Collection[int]) -> int:
     for _ in range(100):
         port = _hold(held, 0)
-        if port + GRPC_OFFSET < 65536:
+        if port + GRPC_OFFSET < 65536 and not {port, port + GRPC_OFFSET} & set(avoid):
             with contextlib.suppress(OSError):
                 _hold(held, port + GRPC_OFFSET)
                 return port
     raise S3ServerError("no free pair of ports for the S3 server")
 
 
-def free_ports() -> dict[str, int]:
+def free_ports(avoid: Collection[int] = ()) -> dict[str, int]:
     """Flag -> port: a free loopback HTTP port for every component, its gRPC port
-    ``GRPC_OFFSET`` above. All are held open until every one is chosen, so none repeats."""
+    ``GRPC_OFFSET`` above, none in ``avoid`` (ports given to processes not yet listening).
+    All are held open until every one is chosen, so none repeats."""
     ports: dict[str, int] = {}
     with contextlib.ExitStack() as held:
         for name in COMPONENTS:
-            port = _free_pair(held)
+            port = _free_pair(held, avoid)
             ports |= {f"{name}.port": port, f"{name}.port.grpc": port + GRPC_OFFSET}
     return ports
 
@@ -147,23 +149,34 @@ def weed_argv(binary: Path, data: Path, config: Path, ports: dict[str, int]) -> 
     return argv
 
 
-def start_s3(data_dir: Path, secrets: Path, env: dict[str, str], log_dir: Path) -> S3Server:
+def start_s3(
+    data_dir: Path,
+    secrets: Path,
+    env: dict[str, str],
+    log_dir: Path,
+    avoid: Collection[int] = (),
+) -> S3Server:
     """Starts the server of this data dir as the child ``s3`` and returns once its bucket
     answers; its data in ``<data dir>/s3``, its keys and identities in ``secrets``."""
     keys = s3_keys(secrets)
     config = write_private(secrets / "s3-identities.json", keys.identities())
-    return run_weed(data_dir / "s3", config, keys, env, log_dir)
+    return run_weed(data_dir / "s3", config, keys, env, log_dir, avoid)
 
 
 def run_weed(
-    data: Path, config: Path, keys: S3Keys, env: dict[str, str], log_dir: Path
+    data: Path,
+    config: Path,
+    keys: S3Keys,
+    env: dict[str, str],
+    log_dir: Path,
+    avoid: Collection[int] = (),
 ) -> S3Server:
     """``weed mini`` on ``data`` with the identities in ``config``, as the child ``s3``;
     returns once ``keys`` reach its bucket."""
     binary = weed_binary()
     private_dir(data)
     private_dir(data / "master")
-    ports = free_ports()
+    ports = free_ports(avoid)
     child_env = {k: v for k, v in env.items() if not k.startswith(_FOREIGN_ENV_PREFIXES)}
     child = spawn("s3", weed_argv(binary, data, config, ports), child_env, log_dir)
     server = S3Server(child, f"http://127.0.0.1:{ports['s3.port']}", keys)

@@ -126,6 +126,7 @@ def _start(
     # First, so a model Crescent cannot serve is refused before anything starts.
     with progress.step("model checked"), signals.interruptible():
         model_name = _prepare_model(env.get("CRESCENT_MODEL"))
+    _taken.add(args.port)
     roles, watcher, metrics = _start_backbone(args, data_dir, env, children, signals, progress)
     metrics["tierd"] = tierd_metrics = _free_port()
     tierd_env = roles.get("tierd", {}) | roles.get(up_tierd.node_id(env), {})
@@ -173,7 +174,7 @@ def _start_backbone(
     if args.with_s3:
         up_tierd.drop_s3_settings(env)
         with progress.step("S3 server"):
-            s3 = start_s3(data_dir, secrets, env, data_dir / "logs")
+            s3 = start_s3(data_dir, secrets, env, data_dir / "logs", avoid=_taken)
         children.append(s3.child)
         up_secrets.merge(roles, s3.tierd_env(), "tierd")
         signals.check()
@@ -195,10 +196,21 @@ class _Abort(Exception):
     pass
 
 
+# Ports this stack has given out, and its gateway's: each child binds its port only once
+# started, so until then the kernel may offer the same free port again.
+_taken: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port that no other process of this stack was given."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _taken:
+            _taken.add(port)
+            return port
+    raise _Abort("no free loopback port")
 
 
 def _start_nats(

@@ -43,6 +43,14 @@ class EngineSettings(BaseSettings):
         "ttft_slo_ms and priority, a prompt that fits its share of a step finishing beside "
         "longer ones) or arrival (first come, first served, each prompt taking whole steps)",
     )
+    tenant_step_ms: float = Field(
+        default=100.0,
+        ge=0,
+        description="while several tenants' prompts were computed on a node lately, the "
+        "longest a step's prompt tokens take there, at the node's measured pace (at least 16 "
+        "tokens): how long another tenant's new prompt can wait for a step already running. "
+        "0: steps as long as max_num_batched_tokens allows",
+    )
     num_threads: int | None = Field(
         default=None,
         ge=1,

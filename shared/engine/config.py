@@ -20,6 +20,7 @@ class EngineConfig:
     max_model_len: int = 8192
     enable_prefix_caching: bool = True
     prefill_order: str = "deadline"  # or "arrival" (``shared.engine.prefill_order``)
+    tenant_step_s: float = 0.0  # a step's prompt time while tenants share (0: unbounded)
     kv_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()
 

@@ -71,6 +71,7 @@ class LLMEngine:
             config.max_num_batched_tokens,
             restart,
             by_deadline=config.prefill_order != "arrival",
+            tenant_step_s=config.tenant_step_s,
         )
         # The prompt blocks requests asked to keep (``SamplingParams.keep``).
         self.keeps = PoolKeeps(self.pool)

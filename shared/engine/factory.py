@@ -98,6 +98,7 @@ def load_engine(settings: EngineSettings) -> LoadedEngine:
         max_model_len=max_len,
         enable_prefix_caching=settings.enable_prefix_caching,
         prefill_order=settings.prefill_order,
+        tenant_step_s=settings.tenant_step_ms / 1000,
         kv_dtype=kv_dtype,
         eos_token_ids=tuple(sorted(eos)),
     )

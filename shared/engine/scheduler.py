@@ -16,7 +16,7 @@ from shared.engine.prefill_order import (
     urgency,
 )
 from shared.engine.sequence import Sequence, SequenceStatus
-from shared.engine.tenant_share import TenantService, in_turns
+from shared.engine.tenant_share import TenantService, contended_budget, favour, in_turns
 from shared.kv.pool import KVBlock
 
 
@@ -66,12 +66,13 @@ class Scheduler:
     priority; those whose rest fits an equal share finish first, the most urgent of the others
     takes what is left; a prompt that cannot meet its due time at ``prompt_token_s`` yields
     to those that can; tenants take weighted turns, the least served for its weight first:
-    ``tenant_share``), while the sequence cap and the pool allow; with ``by_deadline`` False,
-    in arrival order, each taking whole steps. Decodes go first so that a long prompt's
-    chunks never hold a running stream back for the rest of its prefill, and a short prompt is
-    not held back for the whole of a long one either. When a running sequence cannot get a
-    block, the most recently admitted one is preempted: its blocks go back to the pool (and
-    stay in the prefix cache), and it is recomputed later from its tokens.
+    ``tenant_share``; while several tenants were served lately, a step's prompt tokens take no
+    longer than ``tenant_step_s``), while the sequence cap and the pool allow; with
+    ``by_deadline`` False, in arrival order, each taking whole steps. Decodes go first so that
+    a long prompt's chunks never hold a running stream back for the rest of its prefill, and a
+    short prompt is not held back for the whole of a long one either. When a running sequence
+    cannot get a block, the most recently admitted one is preempted: its blocks go back to the
+    pool (and stay in the prefix cache), and it is recomputed later from its tokens.
     """
 
     def __init__(
@@ -82,6 +83,7 @@ class Scheduler:
         restart: RopeRestart | None = None,
         min_share: int = MIN_PREFILL_SHARE,
         by_deadline: bool = True,
+        tenant_step_s: float = 0.0,
     ):
         self.kv = kv
         self.max_num_seqs = max_num_seqs
@@ -91,6 +93,8 @@ class Scheduler:
         # False: first come, first served, each prompt taking whole steps (vLLM's fcfs).
         self.by_deadline = by_deadline
         self.tenants = TenantService()
+        # The longest a step's prompt tokens take while tenants share the node (0: no bound).
+        self.tenant_step_s = tenant_step_s
         # Seconds a prompt token takes on this node lately (0: not measured yet); the engine
         # keeps it current from its steps (``EngineStats.prompt_token_s``).
         self.prompt_token_s = 0.0
@@ -163,6 +167,8 @@ class Scheduler:
         min_share = self.min_share if self.by_deadline else 0
         remaining = [left[id(s)] for s in candidates]
         grants = share_budget(remaining, budget, min_share)
+        if self.by_deadline:
+            grants = self._favour_least_served(candidates, grants, budget, now)
         admitting = True
         for seq, grant in zip(candidates, grants, strict=True):
             if grant == 0:
@@ -176,7 +182,19 @@ class Scheduler:
             else:
                 placed = False
             if placed:
-                self.tenants.add(_tenant(seq), grant, now)
+                self.tenants.add(_tenant(seq), grant, now, seq.params.tenant_weight)
+
+    def _favour_least_served(
+        self, candidates: list[Sequence], grants: list[int], budget: int, now: float
+    ) -> list[int]:
+        """``grants``, the tenants other than the one served least lately bounded to a step
+        of ``tenant_step_s`` while several tenants are active (``tenant_share``)."""
+        tenants = [_tenant(s) for s in candidates]
+        active = self.tenants.active(now, tenants)
+        cap = contended_budget(budget, len(active), self.tenant_step_s, self.prompt_token_s)
+        if cap >= budget:
+            return grants
+        return favour(grants, tenants, self.tenants.favoured(active, now), cap)
 
     def _placed_by(self, seq: Sequence, left_tokens: int, now: float) -> float:
         """Its urgency, after every prompt that can still meet its due time if it cannot."""

@@ -16,7 +16,13 @@ from shared.engine.prefill_order import (
     share_budget,
     urgency,
 )
-from shared.engine.tenant_share import TenantService, in_turns
+from shared.engine.tenant_share import (
+    MIN_CONTENDED_STEP_TOKENS,
+    TenantService,
+    contended_budget,
+    favour,
+    in_turns,
+)
 from shared.kv.hashing import scope_salt
 from shared.sampling_params import SamplingParams
 from tests.engine.conftest import EngineFactory
@@ -225,3 +231,55 @@ def test_service_decays_by_half_each_half_life() -> None:
     service.add("a", 500, now=110.0)
     assert service.served("a", 120.0) == pytest.approx(500.0)
     assert service.served("b", 120.0) == 0.0
+
+
+def test_a_steps_prompt_tokens_are_bounded_in_time_only_while_tenants_share_the_node(
+    make_engine: EngineFactory,
+) -> None:
+    heavy, light = scope_salt(b"server secret", "heavy"), scope_salt(b"server secret", "light")
+    long_prompt = prompts(1, 600, 600, seed=84)[0]
+
+    def first_chunks(light_served: int, light_waits: bool = False) -> dict[str, int]:
+        engine = make_engine(num_kv_blocks=256, max_num_batched_tokens=64, tenant_step_s=0.02)
+        engine.scheduler.prompt_token_s = 0.001  # 20 tokens in 0.02 s
+        engine.scheduler.tenants.add(heavy, 1000, time.monotonic())
+        engine.scheduler.tenants.add(light, light_served, time.monotonic())
+        engine.add_request("heavy", long_prompt, GREEDY, heavy)
+        if light_waits:
+            engine.add_request("light", long_prompt[::-1], GREEDY, light)
+        chunks = engine.scheduler.schedule().chunks
+        return {c.seq.request_id: c.num_new for c in chunks}
+
+    assert first_chunks(light_served=0) == {"heavy": 64}  # the heavy tenant alone: whole steps
+    # Another tenant served lately: the heavy one's steps take 20 ms, so the other's next
+    # prompt waits no longer than that; that prompt then has the step to itself.
+    assert first_chunks(light_served=150) == {"heavy": 20}
+    assert first_chunks(light_served=150, light_waits=True) == {"light": 64}
+
+
+def test_the_favoured_tenant_keeps_its_grants_and_the_others_share_what_is_left() -> None:
+    tenants = ["light", "heavy", "heavy", "light"]
+    assert favour([10, 30, 30, 5], tenants, "light", cap=40) == [10, 25, 0, 5]
+    assert favour([50, 30, 30, 5], tenants, "light", cap=40) == [50, 0, 0, 5]
+    assert favour([0, 30, 30, 0], tenants, "light", cap=40) == [0, 30, 10, 0]
+
+
+def test_a_contended_budget_takes_the_time_given_at_the_measured_pace() -> None:
+    assert contended_budget(2048, 2, step_s=0.1, token_s=0.002) == 50
+    assert contended_budget(2048, 1, step_s=0.1, token_s=0.002) == 2048  # one tenant
+    assert contended_budget(2048, 3, step_s=0.0, token_s=0.002) == 2048  # off
+    assert contended_budget(2048, 3, step_s=0.1, token_s=0.0) == 2048  # pace not measured
+    assert contended_budget(2048, 2, step_s=0.1, token_s=0.1) == MIN_CONTENDED_STEP_TOKENS
+    assert contended_budget(30, 2, step_s=0.1, token_s=0.002) == 30  # never more than given
+
+
+def test_a_tenant_counts_as_active_until_its_service_decays_below_a_token() -> None:
+    service = TenantService(half_life_s=10.0)
+    service.add("a", 8, now=0.0)
+    service.add("b", 1000, now=0.0)
+    assert service.active(0.0) == {"a", "b"}
+    assert service.active(29.0) == {"a", "b"}  # a: 8 / 2**2.9 > 1
+    assert service.active(31.0) == {"b"}  # a: below one token
+    assert service.active(31.0, waiting=["b", "c"]) == {"b", "c"}  # waiting now counts
+    assert service.favoured(["a", "b", "c"], 29.0) == "c"  # never served
+    assert service.favoured(["a", "b"], 29.0) == "a"

@@ -23,8 +23,14 @@ ERROR_CHARS = 300  # of a server's error message kept in the record
 
 
 def request_body(
-    request: BenchRequest, model: str, ignore_eos: bool, cache_salt: str | None
+    request: BenchRequest,
+    model: str,
+    ignore_eos: bool,
+    cache_salt: str | None,
+    slos_ms: tuple[float, float] | None = None,
 ) -> dict[str, Any]:
+    """The request's JSON; ``slos_ms`` (TTFT, time between tokens) as the extension fields
+    ``ttft_slo_ms`` and ``tbt_slo_ms`` when given."""
     body: dict[str, Any] = {
         "model": model,
         "prompt": list(request.prompt),
@@ -37,6 +43,8 @@ def request_body(
         body["ignore_eos"] = True
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
+    if slos_ms is not None:
+        body["ttft_slo_ms"], body["tbt_slo_ms"] = slos_ms
     return body
 
 

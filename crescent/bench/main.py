@@ -65,12 +65,13 @@ class Sender:
         self.url = f"{target.base_url}/completions"
         self.headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
         self.ignore_eos = opts.ignore_eos
+        self.slos_ms = (opts.slo_ttft_ms, opts.slo_tpot_ms) if opts.send_slos else None
         # A salt of its own for each request of each run: nothing cached is ever reused.
         self._salt = secrets.token_hex(8) if target.cache_off else None
 
     async def send(self, request: BenchRequest, start: float) -> RequestRecord:
         salt = None if self._salt is None else f"bench-{self._salt}-{request.index}"
-        body = request_body(request, self.model, self.ignore_eos, salt)
+        body = request_body(request, self.model, self.ignore_eos, salt, self.slos_ms)
         return await stream_completion(
             self.http, self.url, body, new_record(request, start), self.headers
         )

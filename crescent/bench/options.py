@@ -119,6 +119,9 @@ class BenchOptions:
     request_rates: tuple[float, ...] = ()
     #: The objective scales a sweep reports attainment at.
     slo_scales: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+    #: Each request carries the objectives (``ttft_slo_ms``, ``tbt_slo_ms``), as a client
+    #: of a server that honours them would send them.
+    send_slos: bool = False
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,6 +163,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
         metavar="S1,S2,...",
         help="a sweep's objective scales (both SLOs multiplied) to report attainment at",
+    )
+    r.add_argument(
+        "--send-slos",
+        action="store_true",
+        help="each request carries the objectives as ttft_slo_ms and tbt_slo_ms (extension "
+        "fields; Crescent orders prompts by them and refuses what cannot meet them)",
     )
     r.add_argument("--out", type=Path, help="results (None: crescent-bench-<time>/)")
     r.add_argument("--no-plots", action="store_true", help="write no PNGs")
@@ -222,6 +231,7 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
         not args.no_plots,
         tuple(args.request_rates or ()),
         tuple(args.slo_scales),
+        args.send_slos,
     )
 
 

@@ -117,6 +117,9 @@ def test_the_body_is_token_ids_streamed_with_usage() -> None:
     }
     flagged = request_body(request, "m", True, "s")
     assert flagged["ignore_eos"] is True and flagged["cache_salt"] == "s"
+    assert "ttft_slo_ms" not in flagged and "tbt_slo_ms" not in flagged
+    with_slos = request_body(request, "m", False, None, (3000.0, 150.0))
+    assert (with_slos["ttft_slo_ms"], with_slos["tbt_slo_ms"]) == (3000.0, 150.0)
 
 
 def test_without_usage_tokens_are_counted_from_chunks() -> None:

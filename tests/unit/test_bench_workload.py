@@ -157,6 +157,7 @@ def test_targets_and_options(monkeypatch: pytest.MonkeyPatch) -> None:
         }
     ]
     assert opts.targets[0].api_key == "from-env"
+    assert not opts.send_slos and options_from(_args("--send-slos")).send_slos
     a, b = options_from(
         _args(
             "--compare",

@@ -47,9 +47,9 @@ class EngineSettings(BaseSettings):
         default=100.0,
         ge=0,
         description="while several tenants' prompts were computed on a node lately, the "
-        "longest a step's prompt tokens take there, at the node's measured pace (at least 16 "
-        "tokens): how long another tenant's new prompt can wait for a step already running. "
-        "0: steps as long as max_num_batched_tokens allows",
+        "longest the prompt tokens of tenants other than the least served take in a step "
+        "there, at the node's measured pace (at least 16 tokens): how long the least served "
+        "tenant's new prompt can wait for a step already running. 0: no bound",
     )
     num_threads: int | None = Field(
         default=None,

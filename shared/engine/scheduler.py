@@ -66,8 +66,9 @@ class Scheduler:
     priority; those whose rest fits an equal share finish first, the most urgent of the others
     takes what is left; a prompt that cannot meet its due time at ``prompt_token_s`` yields
     to those that can; tenants take weighted turns, the least served for its weight first:
-    ``tenant_share``; while several tenants were served lately, a step's prompt tokens take no
-    longer than ``tenant_step_s``), while the sequence cap and the pool allow; with
+    ``tenant_share``; while several tenants were served lately, the least served computes as
+    it would alone and the others' prompt tokens in a step take no longer than
+    ``tenant_step_s``), while the sequence cap and the pool allow; with
     ``by_deadline`` False, in arrival order, each taking whole steps. Decodes go first so that
     a long prompt's chunks never hold a running stream back for the rest of its prefill, and a
     short prompt is not held back for the whole of a long one either. When a running sequence

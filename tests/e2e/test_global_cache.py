@@ -147,8 +147,9 @@ def test_a_long_prompt_asked_again_comes_from_the_cache(gstack: GlobalStack) -> 
     wait_catalogued(gstack, known + cold.prompt_tokens // 32)
     warm = ask(client, prompt)
     assert warm.text == cold.text
+    # What the cache saved is asserted as the tokens it served, not as a ratio of times: a
+    # host busy with other work stretches both answers alike (timing is for bench/).
     assert warm.cached_tokens >= 0.9 * warm.prompt_tokens, (warm, placements(gstack))
-    assert cold.ttft_s >= 5 * warm.ttft_s, (cold.ttft_s, warm.ttft_s)
 
 
 def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStack) -> None:

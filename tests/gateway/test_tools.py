@@ -12,6 +12,7 @@ from services.gateway.errors import ApiError
 from services.gateway.schemas import ChatMessage, NamedToolChoice, Tool
 from services.gateway.tool_calls import CallArguments, CallStart, Content, ToolCallParser
 from services.gateway.tools import conversation, plan
+from shared.errors import InvalidRequestError
 from shared.model.grammar import Grammars
 from shared.model.tokenizer import Tokenizer
 
@@ -39,10 +40,12 @@ def named(name: str) -> NamedToolChoice:
 
 
 def follows(grammars: Grammars, tokenizer: Tokenizer, grammar: str, text: str) -> bool:
-    """Whether ``text`` is a complete output of ``grammar``."""
+    """Whether ``text`` is a complete output of ``grammar``. A grammar that does not compile
+    fails the test here, so a negative answer always means the tokens were rejected."""
+    grammars.matcher(grammar)
     try:
         matcher = grammars.matcher(grammar, tokenizer.encode(text, add_special_tokens=False))
-    except Exception:
+    except InvalidRequestError:
         return False
     return matcher.can_end
 

@@ -20,6 +20,7 @@ from shared.model.files import ModelFiles, default_model_file, resolve_model
 from shared.model.grammar import Grammars
 from shared.model.kv_cache import PagedKVCache
 from shared.model.tokenizer import Tokenizer
+from tests.support.tiers import tier_of
 
 # The oracle must never try to reach the hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,6 +29,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("CRESCENT_DEV_MODE", "true")
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks each test with its tier (``tests/support/tiers.py``), so ``-m`` picks one."""
+    for item in items:
+        item.add_marker(tier_of(Path(item.path)))
 
 
 @pytest.fixture(scope="session")

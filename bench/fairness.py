@@ -32,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.faults import Stack
 from bench.overload import Shot, quantiles, shoot, sustainable_rate
@@ -108,11 +109,13 @@ async def phase_totals(http: httpx.AsyncClient) -> dict[str, tuple[float, float]
     """Phase -> (sum of seconds, count) of the gateway's per-phase histogram."""
     text = (await http.get("/metrics")).text
     totals: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        for part, index in (("_sum{", 0), ("_count{", 1)):
-            if line.startswith(f"crescent_gateway_request_phase_seconds{part}"):
-                name = line.split('phase="', 1)[1].split('"', 1)[0]
-                totals.setdefault(name, [0.0, 0.0])[index] = float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        if family.name != "crescent_gateway_request_phase_seconds":
+            continue
+        for sample in family.samples:
+            index = {"_sum": 0, "_count": 1}.get(sample.name.removeprefix(family.name))
+            if index is not None:
+                totals.setdefault(sample.labels["phase"], [0.0, 0.0])[index] = sample.value
     return {name: (total, n) for name, (total, n) in totals.items()}
 
 

@@ -94,7 +94,8 @@ class Scheduler:
         # False: first come, first served, each prompt taking whole steps (vLLM's fcfs).
         self.by_deadline = by_deadline
         self.tenants = TenantService()
-        # The longest a step's prompt tokens take while tenants share the node (0: no bound).
+        # While tenants share the node, the longest the prompt tokens of all but the least
+        # served take in a step (0: no bound).
         self.tenant_step_s = tenant_step_s
         # Seconds a prompt token takes on this node lately (0: not measured yet); the engine
         # keeps it current from its steps (``EngineStats.prompt_token_s``).
@@ -190,6 +191,8 @@ class Scheduler:
     ) -> list[int]:
         """``grants``, the tenants other than the one served least lately bounded to a step
         of ``tenant_step_s`` while several tenants are active (``tenant_share``)."""
+        if not candidates or self.tenant_step_s <= 0 or self.prompt_token_s <= 0:
+            return grants  # nothing to bound: spare the hot path the tenants' tally
         tenants = [_tenant(s) for s in candidates]
         active = self.tenants.active(now, tenants)
         cap = contended_budget(budget, len(active), self.tenant_step_s, self.prompt_token_s)

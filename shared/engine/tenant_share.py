@@ -57,7 +57,7 @@ class TenantService:
 
     def favoured(self, tenants: Iterable[Hashable], now: float) -> Hashable | None:
         """Of ``tenants``, the one served least for its weight (the last weight it came with);
-        ties go to the first."""
+        None when there are none."""
         return min(
             tenants, key=lambda t: self.served(t, now) / self._weight.get(t, 1.0), default=None
         )

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 
-from bench.fairness import Phase, arrivals, p90, render
+import httpx
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from bench.fairness import Phase, arrivals, p90, phase_totals, render
 from bench.overload import Shot
 
 
@@ -26,3 +30,19 @@ def test_the_light_tenants_p90_rise_compares_its_rounds_alone_and_beside() -> No
     assert p90([0.1] * 9 + [0.2]) == 0.2
     assert "p90 TTFT rise: +50.0%" in text
     assert "refused with 429 1" in text
+
+
+def test_phase_totals_read_the_gateways_phase_histogram() -> None:
+    registry = CollectorRegistry()
+    phases = Histogram("crescent_gateway_request_phase_seconds", "-", ["phase"], registry=registry)
+    phases.labels("parse").observe(0.5)
+    phases.labels("parse").observe(0.25)
+    phases.labels("placement").observe(1.0)
+    text = generate_latest(registry).decode()
+
+    async def read() -> dict[str, tuple[float, float]]:
+        transport = httpx.MockTransport(lambda _: httpx.Response(200, text=text))
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            return await phase_totals(http)
+
+    assert asyncio.run(read()) == {"parse": (0.75, 2.0), "placement": (1.0, 1.0)}

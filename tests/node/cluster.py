@@ -133,7 +133,7 @@ class Cluster:
         if delay:
 
             def slow(plan: Any) -> Any:
-                time.sleep(delay)
+                time.sleep(delay)  # simulated slow work, not synchronisation
                 return execute(plan)
 
             engine.runner.execute = slow  # type: ignore[method-assign]

@@ -13,6 +13,7 @@ from shared.cluster_messages import NodeStatus, PrefillTask, TaskAck
 from tests.engine.conftest import EngineFactory
 from tests.engine.test_engine_scheduling import prompts
 from tests.node.cluster import Cluster, Stream, request
+from tests.support.wait import wait_for_condition
 
 
 async def submit_local(cluster: Cluster, rid: str, prompt: list[int]) -> tuple[TaskAck, Stream]:
@@ -47,7 +48,9 @@ def test_a_local_task_is_served_by_the_decode_node_alone_with_the_same_tokens(
             assert ack.accepted
             await again.wait(lambda s: s.ended)
             decode = cluster.decodes["d0"].node
-            await asyncio.sleep(0.5)  # a heartbeat or two
+            await wait_for_condition(
+                lambda: any(b.handoff_samples for b in beats), "a beat with the hand-off timing"
+            )
             block_size = decode.engine.config.block_size
             received = decode.puller.bytes_received
             sent = cluster.prefills["p0"].node.server.bytes_sent

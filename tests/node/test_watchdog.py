@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,6 +18,7 @@ from shared.node.engine_host import FULL_STEP_MARGIN, EngineHost
 from shared.secrets import secret_fingerprint
 from tests.engine.conftest import EngineFactory
 from tests.node.cluster import SECRET, Cluster, request
+from tests.support.wait import wait_for_condition
 
 
 def test_a_hung_step_makes_the_node_unhealthy_until_it_returns(
@@ -46,19 +46,15 @@ def test_a_hung_step_makes_the_node_unhealthy_until_it_returns(
         try:
             ack, _ = await cluster.submit(request("h1", [3, 4, 5]), decodes=("nobody",))
             assert ack.accepted
-            deadline = time.monotonic() + 5
-            while p0.healthy():
-                assert time.monotonic() < deadline, "the watchdog did not notice"
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
-            assert beats and not beats[-1].healthy
+            await wait_for_condition(lambda: not p0.healthy(), "the watchdog to notice")
+            await wait_for_condition(
+                lambda: bool(beats) and not beats[-1].healthy, "a heartbeat saying unhealthy"
+            )
             refused, _ = await cluster.submit(request("h2", [3, 4, 5]))
             assert not refused.accepted and refused.reason == "unhealthy"
             release.set()
-            while not p0.healthy():
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.5)
-            assert beats[-1].healthy
+            await wait_for_condition(p0.healthy, "the node to recover")
+            await wait_for_condition(lambda: beats[-1].healthy, "a heartbeat saying healthy")
         finally:
             release.set()
             await cluster.stop()
@@ -80,6 +76,18 @@ def test_heartbeats_carry_the_cache_secret_fingerprint(make_engine: EngineFactor
     asyncio.run(scenario())
 
 
+def count_beats_made(node: Any) -> list[int]:
+    """A one-item counter of the statuses ``node`` makes (each beat, sent or not)."""
+    made, snapshot = [0], node.host.load_snapshot
+
+    async def counted() -> Any:
+        made[0] += 1
+        return await snapshot()
+
+    node.host.load_snapshot = counted
+    return made
+
+
 def test_a_node_whose_bus_dropped_stays_quiet_then_beats_healthy(
     make_engine: EngineFactory,
 ) -> None:
@@ -98,17 +106,20 @@ def test_a_node_whose_bus_dropped_stays_quiet_then_beats_healthy(
         await cluster.bus.subscribe(subjects.heartbeats("prefill", "p0"), NodeStatus, on_beat)
         try:
             assert isinstance(node.bus, MemoryBus)
+            made = count_beats_made(node)
             node.bus.connected = False
             assert not node.healthy()  # /healthz tells of the lost bus
             status = await node.status()
             assert status.healthy  # a beat that arrives proves the bus
-            await asyncio.sleep(0.1)
+            # Counted in beats the loop made, not seconds: a busy host makes fewer.
+            down = made[0]
+            await wait_for_condition(lambda: made[0] > down, "a beat made while down")
             heard = len(beats)
-            await asyncio.sleep(0.6)  # three intervals
+            await wait_for_condition(lambda: made[0] > down + 3, "three beats made while down")
             assert len(beats) == heard
             await node.bus.reconnect()
-            await asyncio.sleep(0.5)
-            assert len(beats) > heard and all(b.healthy for b in beats[heard:])
+            await wait_for_condition(lambda: len(beats) > heard, "a beat after reconnecting")
+            assert all(b.healthy for b in beats[heard:])
         finally:
             await cluster.stop()
 

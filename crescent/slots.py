@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import subjects
 from shared.secrets import read_secret_file
+from shared.service_settings import ServiceSettings
 
 #: The roles whose replicas are counted in slots, in the order they are listed.
 SCALED = ("gateway", "scheduler", "prefill", "decode")
@@ -28,11 +28,9 @@ SCALED = ("gateway", "scheduler", "prefill", "decode")
 SLOTS_FILE = "nats-slots"
 
 
-class SlotSettings(BaseSettings):
+class SlotSettings(ServiceSettings):
     """How many replicas of each role a deployment can run, one NATS identity each.
     Invariant: every count is at least 1."""
-
-    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
 
     gateway_slots: int = Field(
         default=2,

@@ -6,16 +6,14 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.cpus import parse_cpus
 from shared.model.files import default_cache_dir
+from shared.service_settings import ServiceSettings
 
 
-class EngineSettings(BaseSettings):
+class EngineSettings(ServiceSettings):
     """Model and engine options of a process that runs the model (prefill, decode, the CLI)."""
-
-    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
 
     model: str | None = Field(
         default=None, description="A .gguf file or a Hugging Face folder; default: SmolLM2-135M"

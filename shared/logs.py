@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.service_settings import ServiceSettings
 
 #: The request a task is working for; None outside of one.
 REQUEST_ID: ContextVar[str | None] = ContextVar("crescent_request_id", default=None)
@@ -38,10 +39,8 @@ REQUEST_TAG: ContextVar[RequestTag | None] = ContextVar("crescent_request_tag", 
 QUIET_LIBRARIES = ("aiosqlite", "asyncio", "botocore", "aiobotocore", "grpc", "urllib3", "ucxx")
 
 
-class LogSettings(BaseSettings):
+class LogSettings(ServiceSettings):
     """The logging options every service reads; each field is ``CRESCENT_<NAME>``."""
-
-    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
 
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
     log_format: Literal["text", "json"] = Field(

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Self
 
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared import subjects
 from shared.secrets import check_password, dev_mode, read_secret_file, refused
+from shared.service_settings import ServiceSettings
 
 INBOX = "_INBOX"
 #: ``crescent up``'s readiness watcher and the benchmarks: they only watch heartbeats.
@@ -51,17 +51,13 @@ def inbox_prefix(user: str) -> str:
     return f"{INBOX}.{user}"
 
 
-class NatsAuthSettings(BaseSettings):
+class NatsAuthSettings(ServiceSettings):
     """The NATS credentials of one process.
 
     Invariant: after validation at most one way to authenticate is configured, a user always
     comes with a password (and a password with a user), and the password, wherever it came
     from, is held only as a ``SecretStr``: it never appears in a repr or a validation error.
     """
-
-    model_config = SettingsConfigDict(
-        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
-    )
 
     nats_user: str = Field(default="", description="NATS user; empty: connect without one")
     nats_password: SecretStr | None = Field(default=None, description="the user's password")

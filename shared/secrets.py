@@ -28,7 +28,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.service_settings import ServiceSettings
 
 DEV_MODE_ENV = "CRESCENT_DEV_MODE"
 LOG_PROMPTS_ENV = "CRESCENT_LOG_PROMPTS"
@@ -244,17 +245,13 @@ def cache_secret_field(description: str) -> Any:
     return Field(default=DEV_CACHE_SECRET, validate_default=True, description=description)
 
 
-class CacheMetaTokenSettings(BaseSettings):
+class CacheMetaTokenSettings(ServiceSettings):
     """The shared token of cachemeta's gRPC calls, as the server and its clients read it:
     ``CRESCENT_CACHEMETA_TOKEN`` or ``CRESCENT_CACHEMETA_TOKEN_FILE``, never both.
 
     Invariant: after validation ``cachemeta_token_value()`` is the token (from either source)
     or None when neither is set; outside development mode a token is never short.
     """
-
-    model_config = SettingsConfigDict(
-        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
-    )
 
     cachemeta_token: SecretStr | None = Field(
         default=None, description="shared token of cachemeta's gRPC calls"

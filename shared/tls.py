@@ -24,9 +24,9 @@ from typing import Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.errors import CrescentError
+from shared.service_settings import ServiceSettings
 
 TlsMode = Literal["auto", "on", "off"]
 _LOOPBACK_NAMES = ("localhost", "localhost.")
@@ -37,15 +37,13 @@ class PlaintextRefused(CrescentError):
     ``CRESCENT_TLS=off`` to allow it on purpose."""
 
 
-class TlsSettings(BaseSettings):
+class TlsSettings(ServiceSettings):
     """The TLS files and mode of one process, shared by all its internal links.
 
     Invariant: after validation either no file is set, or the CA, certificate and key files
     all are and exist; ``enabled`` is true exactly when the mode is ``on``, or ``auto`` with
     files given.
     """
-
-    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
 
     tls: TlsMode = Field(
         default="auto",

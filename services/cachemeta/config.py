@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Self
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.model.files import default_cache_dir
 from shared.secrets import CacheMetaTokenSettings, check_db_url, refused
@@ -16,13 +15,9 @@ def default_db_url() -> str:
     return f"sqlite+aiosqlite:///{default_cache_dir() / 'cachemeta.db'}"
 
 
-class CacheMetaSettings(CacheMetaTokenSettings, BaseSettings):
+class CacheMetaSettings(CacheMetaTokenSettings):
     """Every option of cachemeta. Invariant: outside development mode a token is configured,
     so no call is served to a client that does not present it."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
-    )
 
     dev_mode: bool = Field(
         default=False, description="development: serve without a token when none is set"

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
-from pydantic_settings import NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode
 
 from services.gateway.auth import parse_api_keys, parse_key_file
 from services.gateway.guard_settings import GuardSettings
@@ -23,10 +23,6 @@ from shared.tenants import parse_tenant_amounts
 class GatewaySettings(GuardSettings, NatsAuthSettings):
     """Every option of the gateway process; each field is the variable ``CRESCENT_<NAME>``.
     Invariant: API keys are configured, or serving without them was asked for explicitly."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
-    )
 
     host: str = Field(default="127.0.0.1", description="Address the HTTP server binds")
     port: int = Field(default=8000, ge=0, le=65535, description="HTTP port")

@@ -7,20 +7,16 @@ from __future__ import annotations
 from typing import Self
 
 from pydantic import Field, PrivateAttr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.gateway.http_server import ConnectionLimits
 from services.gateway.tenant_limits import TenantCaps
+from shared.service_settings import ServiceSettings
 from shared.tenants import parse_tenant_amounts
 
 
-class GuardSettings(BaseSettings):
+class GuardSettings(ServiceSettings):
     """What bounds one client's or one tenant's hold on the gateway. Invariant: after
     validation the per-tenant overrides are parsed (``tenant_caps``)."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
-    )
 
     header_timeout_s: float = Field(
         default=10.0,

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal, Self
 
 from pydantic import Field, PrivateAttr, model_validator
-from pydantic_settings import SettingsConfigDict
 
 from services.scheduler.cluster import CostParams
 from services.scheduler.keeping import KeepQuotas
@@ -16,8 +15,6 @@ from shared.tenants import parse_tenant_amounts
 
 
 class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
-    model_config = SettingsConfigDict(env_prefix="CRESCENT_", extra="ignore")
-
     nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server(s)")
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")

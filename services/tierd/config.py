@@ -11,7 +11,6 @@ from botocore.exceptions import BotoCoreError
 from botocore.handlers import validate_bucket_name
 from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url, validate_region_name
 from pydantic import Field, PrivateAttr, SecretStr, model_validator
-from pydantic_settings import SettingsConfigDict
 
 from services.tierd.s3 import S3Config
 from shared import subjects
@@ -37,10 +36,6 @@ class TierdSettings(NatsAuthSettings, CacheMetaTokenSettings):
     (keys read from their files included) is complete, so a bad setting stops tierd at start
     with a message naming the variable, never at its first sink or upload.
     """
-
-    model_config = SettingsConfigDict(
-        env_prefix="CRESCENT_", extra="ignore", hide_input_in_errors=True
-    )
 
     nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server(s)")
     host_id: str = Field(default="", description="this machine's name; default: hostname")

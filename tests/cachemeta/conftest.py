@@ -133,6 +133,22 @@ class Served:
         return self.loop.run(coro, timeout_s)
 
 
+def count_sweeps(served: Served) -> list[int]:
+    """A one-item counter of the sweeps ``served``'s sweeper completes from now on, so a test
+    waits for one instead of sleeping past the sweep interval."""
+    catalogue = served.service.catalogue if served.service is not None else None
+    assert catalogue is not None, "start the service first"
+    done, sweep = [0], catalogue.sweep
+
+    async def counted() -> list[str]:
+        swept = await sweep()
+        done[0] += 1
+        return swept
+
+    catalogue.sweep = counted  # type: ignore[method-assign]
+    return done
+
+
 def settings_for(db_url: str, **overrides: Any) -> CacheMetaSettings:
     values: dict[str, Any] = {
         "db_url": db_url,

@@ -29,11 +29,18 @@ class Clock:
 
 
 class SlowAfterCommit(Repository):
-    """Its register commits, then takes a while to return (an acknowledgement in flight)."""
+    """Its register commits, sets ``committed``, then returns only once ``released`` is set
+    (an acknowledgement in flight for as long as the test needs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.committed = asyncio.Event()
+        self.released = asyncio.Event()
 
     async def register(self, *args: Any, **kwargs: Any) -> None:
         await super().register(*args, **kwargs)
-        await asyncio.sleep(0.3)
+        self.committed.set()
+        await self.released.wait()
 
 
 @asynccontextmanager
@@ -113,11 +120,14 @@ def test_cancelled_caller_does_not_leave_the_index_behind(
 
     async def scenario() -> None:
         async with catalogue_on(db_url, clock, SlowAfterCommit) as cat:
+            slow = cat.repository
+            assert isinstance(slow, SlowAfterCommit)
             call = asyncio.ensure_future(cat.register("a", "dram", BLOCKS, replace_all=False))
-            await asyncio.sleep(0.15)  # committed, not yet returned
+            await asyncio.wait_for(slow.committed.wait(), 20)  # committed, not yet returned
             call.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await call
+            slow.released.set()
             await cat.drain()
             assert cat.match(hashes(BLOCKS)) == [PrefixHolder("a", "dram", 10)]
         async with catalogue_on(db_url, clock) as cat:

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from shared.rpc.types import PrefixHolder
 from tests.cachemeta.chains import chain, hashes
 from tests.support.loop import BackgroundLoop
 from tests.support.nats import free_port
+from tests.support.wait import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,13 +39,11 @@ def get(url: str) -> tuple[int, str]:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    def healthy() -> bool:
         assert proc.poll() is None, f"cachemeta exited:\n{log.read_text()}"
-        if get(f"{url}/healthz")[0] == 200:
-            return
-        time.sleep(0.05)
-    raise TimeoutError(f"cachemeta never became healthy:\n{log.read_text()}")
+        return get(f"{url}/healthz")[0] == 200
+
+    wait_until(healthy, f"cachemeta to become healthy (its log: {log})", 30)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:

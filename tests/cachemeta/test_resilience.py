@@ -14,9 +14,10 @@ from shared.rpc import client as client_module
 from shared.rpc.client import CacheMetaClient, CacheMetaUnavailable
 from shared.rpc.types import PrefixHolder
 from tests.cachemeta.chains import chain, hashes
-from tests.cachemeta.conftest import Postgres, Served, settings_for
+from tests.cachemeta.conftest import Postgres, Served, count_sweeps, settings_for
 from tests.support.loop import BackgroundLoop
 from tests.support.nats import free_port
+from tests.support.wait import wait_for_condition
 
 TOKENS = list(range(200, 240))
 
@@ -103,12 +104,13 @@ def test_nodes_beating_through_a_database_outage_keep_their_replicas(
     client = served.client
     assert client is not None
     blocks = chain(TOKENS)
+    sweeps = count_sweeps(served)
 
     async def beat_for(seconds: float, node: str) -> None:
         for _ in range(int(seconds / 0.1)):
             with contextlib.suppress(CacheMetaUnavailable):
                 await client.heartbeat(node, "prefill", "e1")
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the node's heartbeat period, part of the scenario
 
     try:
         served.call(client.heartbeat("n1", "prefill", "e1"))
@@ -120,7 +122,8 @@ def test_nodes_beating_through_a_database_outage_keep_their_replicas(
         postgres.admin(f'ALTER DATABASE "{postgres.name}" ALLOW_CONNECTIONS true')
         # Sweeps run again; the last saved heartbeat is older than the grace, the last one
         # heard is not.
-        served.call(asyncio.sleep(0.35))
+        before = sweeps[0]
+        served.call(wait_for_condition(lambda: sweeps[0] > before, "a sweep after the outage"))
         assert served.call(client.match_prefix(hashes(blocks))) == [PrefixHolder("n1", "dram", 10)]
         assert not served.call(client.heartbeat("n1", "prefill", "e1"))
     finally:
@@ -211,7 +214,8 @@ def test_client_survives_a_server_restart(bg_loop: BackgroundLoop, tmp_path: obj
             with pytest.raises(CacheMetaUnavailable):
                 served.call(client.match_prefix(hashes(blocks)))
             assert time.monotonic() - started < 1.0
-        # Long enough for gRPC's reconnect backoff to grow, were the channel kept.
+        # Long enough for gRPC's reconnect backoff to grow, were the channel kept: time that
+        # must pass in the scenario, not synchronisation.
         served.call(asyncio.sleep(1.5))
         served.start()  # same port
         assert served.call(client.match_prefix(hashes(blocks))) == [PrefixHolder("n1", "dram", 10)]

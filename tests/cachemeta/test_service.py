@@ -12,6 +12,7 @@ from shared.rpc.types import BlockRecord, CatalogueStats, PrefixHolder, TierCapa
 from tests.cachemeta.chains import ROOT, chain, hashes
 from tests.cachemeta.conftest import Served, settings_for
 from tests.support.loop import BackgroundLoop
+from tests.support.wait import wait_for_condition
 
 TOKENS = list(range(100, 140))  # 10 blocks of 4
 
@@ -200,10 +201,13 @@ def test_grace_sweep_drops_silent_nodes(bg_loop: BackgroundLoop, db_url: str) ->
         for node in ("quiet", "chatty"):
             await client.heartbeat(node, "prefill", "e1")
             await client.register_blocks(node, "dram", blocks, replace=True)
-        for _ in range(15):  # 1.5 s: only "chatty" keeps beating
-            await asyncio.sleep(0.1)
+        only_chatty = [PrefixHolder("chatty", "dram", 10)]
+
+        async def quiet_swept() -> bool:  # only "chatty" keeps beating meanwhile
             assert not await client.heartbeat("chatty", "prefill", "e1")
-        assert await client.match_prefix(hashes(blocks)) == [PrefixHolder("chatty", "dram", 10)]
+            return await client.match_prefix(hashes(blocks)) == only_chatty
+
+        await wait_for_condition(quiet_swept, "the sweep to drop the silent node's replicas")
         nodes = {n.node_id: n.num_replicas for n in await client.list_nodes()}
         assert nodes == {"chatty": 10, "quiet": 0}
         assert await client.heartbeat("quiet", "prefill", "e1")  # same epoch, yet resync

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,7 +19,6 @@ from urllib.parse import unquote, urlsplit
 from pydantic import (
     Field,
     SecretStr,
-    TypeAdapter,
     ValidationError,
     ValidationInfo,
     ValidatorFunctionWrapHandler,
@@ -29,6 +27,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from shared.flag_settings import ProcessFlags
 from shared.service_settings import ServiceSettings
 
 DEV_MODE_ENV = "CRESCENT_DEV_MODE"
@@ -71,29 +70,18 @@ _PLACEHOLDER_MARKERS = ("changeme", "replaceme", "placeholder", "example", "your
 #: Nor does one that starts with one of these: how trial and sample values are usually named.
 _PLACEHOLDER_PREFIXES = ("trial", "dummy", "sample", "insecure", "notasecret")
 _FINGERPRINT_LABEL = b"crescent/cache-secret-fingerprint/v1"
-_BOOL: TypeAdapter[bool] = TypeAdapter(bool)
 _NOT_ALNUM = re.compile(r"[^a-z0-9]")
 
 
 def dev_mode(environ: Mapping[str, str] | None = None) -> bool:
     """``CRESCENT_DEV_MODE``, parsed as pydantic parses a bool (true/false, 1/0, yes/no, on/off);
-    absent means false."""
-    return _flag(DEV_MODE_ENV, environ)
-
-
-def _flag(name: str, environ: Mapping[str, str] | None) -> bool:
-    raw = (os.environ if environ is None else environ).get(name, "").strip()
-    if not raw:
-        return False
-    try:
-        return _BOOL.validate_python(raw)
-    except ValidationError:
-        raise ValueError(f"{name} must be true or false, got {raw!r}") from None
+    absent means false. ``environ``: another environment than this process's."""
+    return ProcessFlags.read(environ).dev_mode
 
 
 def log_prompts(environ: Mapping[str, str] | None = None) -> bool:
     """``CRESCENT_LOG_PROMPTS``: whether logs may show what users sent and got (debugging)."""
-    return _flag(LOG_PROMPTS_ENV, environ)
+    return ProcessFlags.read(environ).log_prompts
 
 
 def loggable(content: str | Sequence[object], environ: Mapping[str, str] | None = None) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Self
 
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
 
 
 class ServiceSettings(BaseSettings):
@@ -32,15 +32,25 @@ class ServiceSettings(BaseSettings):
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> Self:
         """The settings ``environ`` gives (this process's environment when None), read by the
-        same names as the process's; other variables of the process are not consulted."""
+        same names and rules as the process's; nothing else is consulted."""
         if environ is None:
             return cls()
-        prefix = str(cls.model_config.get("env_prefix", "")).lower()
-        given = {name.lower(): value for name, value in environ.items()}
-        values: dict[str, Any] = {
-            field: given[prefix + field] for field in cls.model_fields if prefix + field in given
-        }
-        return cls.model_validate(values)
+        # The pydantic plugin of mypy does not know this documented argument of BaseSettings.
+        return cls(_build_sources=((_GivenEnvironment(cls, environ),), {}))  # type: ignore[call-arg]
+
+
+class _GivenEnvironment(EnvSettingsSource):
+    """The environment source of a settings class over a given mapping, not ``os.environ``."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        # The base constructor loads the variables, so the mapping must be in place first.
+        self._given = dict(environ)
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        if self.case_sensitive:
+            return dict(self._given)
+        return {name.lower(): value for name, value in self._given.items()}
 
 
 def child_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -4,8 +4,6 @@ connection turns into 503s until it comes back."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -17,15 +15,9 @@ from tests.support.fake_engine import FakeEngine
 from tests.support.gateway import ServedGateway
 from tests.support.loop import BackgroundLoop
 from tests.support.nats import NatsServer
+from tests.support.wait import wait_until
 
 SLOW = [{"role": "user", "content": "Take your time [[slow]]"}]
-
-
-def eventually(condition: Callable[[], bool], timeout_s: float = 5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 def in_flight(http: httpx.Client) -> float:
@@ -50,8 +42,8 @@ def test_client_disconnect_mid_stream_aborts(
             if len(events) == 4:
                 break
     request_id = f"{events[0]['id']}-0"
-    eventually(lambda: request_id in fake_engine.aborts)
-    eventually(lambda: in_flight(http) == 0)
+    wait_until(lambda: request_id in fake_engine.aborts, "the abort")
+    wait_until(lambda: in_flight(http) == 0, "no request in flight")
 
 
 def test_client_giving_up_on_a_plain_request_aborts(
@@ -63,8 +55,8 @@ def test_client_giving_up_on_a_plain_request_aborts(
     ):
         client.post("/v1/chat/completions", json={"model": model_name, "messages": SLOW})
     request_id = fake_engine.requests[-1].request_id
-    eventually(lambda: request_id in fake_engine.aborts)
-    eventually(lambda: in_flight(http) == 0)
+    wait_until(lambda: request_id in fake_engine.aborts, "the abort")
+    wait_until(lambda: in_flight(http) == 0, "no request in flight")
 
 
 def test_stop_string_match_aborts_the_rest(
@@ -74,7 +66,7 @@ def test_stop_string_match_aborts_the_rest(
     response = http.post("/v1/completions", json=body)
     assert response.json()["choices"][0]["text"] == "Hello! Crescent says héllo "
     request_id = f"{response.json()['id']}-0"
-    eventually(lambda: request_id in fake_engine.aborts)
+    wait_until(lambda: request_id in fake_engine.aborts, "the abort")
 
 
 def test_lost_nats_is_503_until_it_returns(
@@ -89,15 +81,15 @@ def test_lost_nats_is_503_until_it_returns(
         with httpx.Client(base_url=gateway.url, timeout=15) as http:
             assert http.post("/v1/chat/completions", json=body).status_code == 200
             server.stop()
-            eventually(lambda: http.get("/health").status_code == 503)
+            wait_until(lambda: http.get("/health").status_code == 503, "health 503")
             response = http.post("/v1/chat/completions", json=body)
             assert response.status_code == 503
             assert response.json()["error"]["type"] == "service_unavailable"
             server = NatsServer.start(tmp_path, port=server.port, jetstream=False)
-            eventually(lambda: http.get("/health").status_code == 200, timeout_s=10)
-            eventually(
+            wait_until(lambda: http.get("/health").status_code == 200, "health 200")
+            wait_until(
                 lambda: http.post("/v1/chat/completions", json=body).status_code == 200,
-                timeout_s=10,
+                "a request served again",
             )
     finally:
         gateway.stop()
@@ -121,7 +113,7 @@ def test_request_timeout_aborts_and_reports(
             assert response.status_code == 504
             assert response.json()["error"]["code"] == "timeout"
             request_id = fake_engine.requests[-1].request_id
-            eventually(lambda: request_id in fake_engine.aborts)
+            wait_until(lambda: request_id in fake_engine.aborts, "the abort")
             with http.stream(
                 "POST", "/v1/chat/completions", json=body | {"stream": True}
             ) as stream:
@@ -129,6 +121,6 @@ def test_request_timeout_aborts_and_reports(
             assert events[-1] == "[DONE]"
             assert json.loads(events[-2])["error"]["code"] == "timeout"
             request_id = fake_engine.requests[-1].request_id
-            eventually(lambda: request_id in fake_engine.aborts)
+            wait_until(lambda: request_id in fake_engine.aborts, "the abort")
     finally:
         gateway.stop()

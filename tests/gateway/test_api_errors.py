@@ -14,6 +14,7 @@ from shared.messages import PREDICTED_TTFT_MARGIN
 from tests.gateway.conftest import FIRST_TOKEN_TIMEOUT_S
 from tests.support.fake_engine import REPLY, FakeEngine
 from tests.support.gateway import ServedGateway
+from tests.support.wait import wait_until
 
 HELLO: Any = [{"role": "user", "content": "Hello"}]
 
@@ -180,12 +181,9 @@ def test_no_first_token_in_time_is_504_and_aborted(
     # The two choices of this request are the last requests the engine received.
     recent = fake_engine.requests[-2:]
     assert [r.request_id[-2:] for r in recent] == ["-0", "-1"]
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        if all(r.request_id in fake_engine.aborts for r in recent):
-            break
-        time.sleep(0.02)
-    assert all(r.request_id in fake_engine.aborts for r in recent)
+    wait_until(
+        lambda: all(r.request_id in fake_engine.aborts for r in recent), "both choices aborted"
+    )
     still_serving(http, model_name)
 
 

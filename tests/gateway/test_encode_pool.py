@@ -7,9 +7,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 from shared.model.files import ModelFiles
+from tests.support.wait import wait_until
 
 GATEWAY = """
 import sys
@@ -44,7 +44,4 @@ def test_the_worker_exits_when_its_gateway_is_killed(model_files: ModelFiles) ->
     assert workers and all(alive(pid) for pid in workers)
     gateway.send_signal(signal.SIGKILL)
     gateway.wait()
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(alive(pid) for pid in workers)
+    wait_until(lambda: not any(alive(pid) for pid in workers), "the orphaned workers to exit")

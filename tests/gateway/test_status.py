@@ -3,7 +3,7 @@ scheduler, prefill and decode node), the gateway itself, and the requests it ser
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
 import httpx
 import openai
@@ -13,19 +13,22 @@ from services.gateway.status import HISTORY_STEP_S, StatusBoard, cache_history
 from shared.cluster_messages import NodeStatus
 from tests.support.fake_engine import NODE
 from tests.support.gateway import ServedGateway
+from tests.support.wait import wait_until
 
 
 def test_status_lists_the_services_and_the_requests_served(
     client: openai.OpenAI, model_name: str, http: httpx.Client, gateway: ServedGateway
 ) -> None:
     client.completions.create(model=model_name, prompt="status page", max_tokens=3)
-    deadline = time.monotonic() + 5
-    while True:
-        status = http.get("/status").json()
-        if {"scheduler", "prefill", "decode", "gateway"} <= {n["role"] for n in status["nodes"]}:
-            break
-        assert time.monotonic() < deadline, status["nodes"]
-        time.sleep(0.1)
+    pages: list[dict[str, Any]] = []
+
+    def every_role_listed() -> bool:
+        pages.append(http.get("/status").json())
+        roles = {n["role"] for n in pages[-1]["nodes"]}
+        return {"scheduler", "prefill", "decode", "gateway"} <= roles
+
+    wait_until(every_role_listed, "every role on the status page")
+    status = pages[-1]
     assert status["gateway"]["id"] == gateway.service.gateway_id
     assert status["gateway"]["model"] == model_name
     # Other tests' gateways and backends share the NATS server: look at this one's own.

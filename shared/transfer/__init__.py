@@ -8,7 +8,6 @@ from shared.transfer.base import (
     TransferServer,
     create_client,
     create_server,
-    kind_from_env,
 )
 
 __all__ = [
@@ -19,5 +18,4 @@ __all__ = [
     "TransferServer",
     "create_client",
     "create_server",
-    "kind_from_env",
 ]

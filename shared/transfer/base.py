@@ -8,8 +8,7 @@ verify with ``shared.kv.checksum.BlockChecksum``.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -21,9 +20,7 @@ BlockProvider = Callable[[str, Sequence[int]], Sequence[BufferLike] | None]
 """Given ``(lease_id, block_ids)``, the buffers to send in that order, or None for an unknown or
 expired lease. It runs on the server's event loop, so it must only look things up, not wait."""
 
-ENV_VAR = "CRESCENT_TRANSFER"
 KINDS = ("ucx", "tcp")
-DEFAULT_KIND = "ucx"
 DEFAULT_TIMEOUT_S = 10.0
 # A client that stops reading must not pin a server's send forever; generous, because a
 # healthy pull of a whole long sequence still finishes far below it.
@@ -104,12 +101,6 @@ class TransferClient(Protocol):
     async def close(self) -> None:
         """Drop every connection; the client must not be used afterwards."""
         ...
-
-
-def kind_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The transport named by ``CRESCENT_TRANSFER`` (default ``ucx``), validated."""
-    env = os.environ if environ is None else environ
-    return check_kind(env.get(ENV_VAR, DEFAULT_KIND).strip().lower() or DEFAULT_KIND)
 
 
 def check_kind(kind: str) -> str:

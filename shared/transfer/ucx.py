@@ -31,9 +31,8 @@ from typing import Any
 
 from shared.transfer.base import BufferLike, TransferError
 from shared.transfer.ucx_endpoints import Endpoints, Inboxes
-from shared.transfer.ucx_progress import Progress, mode_from_env
-from shared.transfer.ucx_settings import apply_defaults
-from shared.transfer.ucx_settings import mode_from_env as error_mode_from_env
+from shared.transfer.ucx_progress import Progress
+from shared.transfer.ucx_settings import UcxSettings, apply_defaults
 from shared.transfer.wire import MAX_BLOCKS_PER_PULL
 
 ADDRESS_PREFIX = b"ucx:"
@@ -153,8 +152,8 @@ def load_ucx() -> Ucx:
     """The process's UCX, set up on first use; ``TransferError`` where it cannot work."""
     global _binding
     if _binding is None:
-        mode = mode_from_env()
-        error_mode = error_mode_from_env()
+        settings = UcxSettings()
+        mode, error_mode = settings.ucx_progress, settings.ucx_error_handling
         # UCX reads its settings when the context is made. Either mode keeps UCX's rendezvous
         # where the client copies each block straight out of the server's memory (CMA):
         # without CMA, blocks go through FIFOs that need both processes on a core at once,

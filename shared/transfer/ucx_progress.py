@@ -24,14 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from shared.transfer.base import TransferError
-
-ENV_VAR = "CRESCENT_UCX_PROGRESS"
 MODES = ("adaptive", "polling", "thread")
 DEFAULT_MODE = "adaptive"
 # Long enough for the gap between two blocks of one pull and for a peer's epoll wake-up; short
@@ -49,15 +45,6 @@ _MAX_BACKOFF_S = 0.002
 _UCS_OK = 0
 _UCS_INPROGRESS = 1  # ucs_status_t of a request not yet completed
 Alive = Callable[[], bool]
-
-
-def mode_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The progress mode named by ``CRESCENT_UCX_PROGRESS`` (default ``adaptive``), validated."""
-    env = os.environ if environ is None else environ
-    mode = env.get(ENV_VAR, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-    if mode not in MODES:
-        raise TransferError(f"unknown {ENV_VAR} {mode!r}; expected one of {', '.join(MODES)}")
-    return mode
 
 
 class Progress:

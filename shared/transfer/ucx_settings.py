@@ -16,16 +16,21 @@ measures both, see docs/benchmarks.md):
 
 Every setting here is a default: a ``UCX_*`` variable already in the environment wins. Both
 ends of a pull must use the same mode: UCX refuses endpoints whose error handling differs.
+``UcxSettings`` reads this mode and the progress mode (``ucx_progress``) once, when UCX loads.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import MutableMapping
 
+from pydantic import Field, ValidationInfo, field_validator
+
+from shared.service_settings import ServiceSettings
 from shared.transfer.base import TransferError
+from shared.transfer.ucx_progress import DEFAULT_MODE as DEFAULT_PROGRESS
+from shared.transfer.ucx_progress import MODES as PROGRESS_MODES
 
-ENV_VAR = "CRESCENT_UCX_ERROR_HANDLING"
 MODES = ("peer", "off")
 DEFAULT_MODE = "peer"
 
@@ -54,13 +59,30 @@ _UNSAFE = {
 }
 
 
-def mode_from_env(environ: Mapping[str, str] | None = None) -> str:
-    """The mode named by ``CRESCENT_UCX_ERROR_HANDLING`` (default ``peer``), validated."""
-    env = os.environ if environ is None else environ
-    mode = env.get(ENV_VAR, DEFAULT_MODE).strip().lower() or DEFAULT_MODE
-    if mode not in MODES:
-        raise TransferError(f"unknown {ENV_VAR} {mode!r}; expected one of {', '.join(MODES)}")
-    return mode
+class UcxSettings(ServiceSettings):
+    """How this process's UCX transport runs: who progresses its worker, and how endpoints
+    handle a peer's death. Invariant: each field is one of its modes, in lower case; a blank
+    variable is the default and anything else is refused, naming the variable."""
+
+    ucx_progress: str = Field(default=DEFAULT_PROGRESS, description="who progresses UCX")
+    ucx_error_handling: str = Field(default=DEFAULT_MODE, description="UCX endpoint errors")
+
+    @field_validator("ucx_progress", "ucx_error_handling", mode="before")
+    @classmethod
+    def _mode(cls, value: object, info: ValidationInfo) -> str:
+        modes, default = _CHOICES[info.field_name or ""]
+        mode = str(value).strip().lower() or default
+        if mode not in modes:
+            # A TransferError, not a validation error: loading UCX reports its errors so.
+            name = f"CRESCENT_{(info.field_name or '').upper()}"
+            raise TransferError(f"unknown {name} {mode!r}; expected one of {', '.join(modes)}")
+        return mode
+
+
+_CHOICES = {
+    "ucx_progress": (PROGRESS_MODES, DEFAULT_PROGRESS),
+    "ucx_error_handling": (MODES, DEFAULT_MODE),
+}
 
 
 def ucx_defaults(mode: str) -> dict[str, str]:
@@ -69,7 +91,8 @@ def ucx_defaults(mode: str) -> dict[str, str]:
 
 
 def apply_defaults(mode: str, environ: MutableMapping[str, str] | None = None) -> None:
-    """Put ``mode``'s UCX settings into the environment, before UCX reads it."""
+    """Put ``mode``'s UCX settings into the environment (this process's when None), before
+    UCX reads it: the one place the transport writes an environment."""
     env = os.environ if environ is None else environ
     for key, value in ucx_defaults(mode).items():
         env.setdefault(key, value)

@@ -7,7 +7,7 @@ import pytest
 from shared.transfer import ucx_endpoints
 from shared.transfer.base import TransferError
 from shared.transfer.ucx_endpoints import FAILED_HOLD_S, MAX_FAILED, Endpoints, PeerGoneError
-from shared.transfer.ucx_settings import apply_defaults, mode_from_env, ucx_defaults
+from shared.transfer.ucx_settings import UcxSettings, apply_defaults, ucx_defaults
 
 
 class FakeEndpoint:
@@ -91,10 +91,13 @@ def test_failed_addresses_are_remembered_within_bounds(clock: Clock) -> None:
 
 
 def test_error_handling_mode_comes_from_the_environment_and_defaults_to_peer() -> None:
-    assert mode_from_env({}) == "peer"
-    assert mode_from_env({"CRESCENT_UCX_ERROR_HANDLING": " OFF "}) == "off"
+    def mode_from(environ: dict[str, str]) -> str:
+        return UcxSettings.from_environ(environ).ucx_error_handling
+
+    assert mode_from({}) == "peer"
+    assert mode_from({"CRESCENT_UCX_ERROR_HANDLING": " OFF "}) == "off"
     with pytest.raises(TransferError, match="CRESCENT_UCX_ERROR_HANDLING"):
-        mode_from_env({"CRESCENT_UCX_ERROR_HANDLING": "none"})
+        mode_from({"CRESCENT_UCX_ERROR_HANDLING": "none"})
 
 
 def test_ucx_settings_are_defaults_that_the_environment_overrides() -> None:

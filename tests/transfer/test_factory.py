@@ -11,17 +11,16 @@ from shared.transfer.base import (
     TransferClient,
     TransferError,
     TransferServer,
+    check_kind,
     create_client,
     create_server,
-    kind_from_env,
 )
 
 
-def test_kind_comes_from_the_environment_and_defaults_to_ucx() -> None:
-    assert kind_from_env({}) == "ucx"
-    assert kind_from_env({"CRESCENT_TRANSFER": " TCP "}) == "tcp"
+def test_only_the_known_kinds_are_accepted() -> None:
+    assert check_kind("tcp") == "tcp" and check_kind("ucx") == "ucx"
     with pytest.raises(TransferError, match="unknown transfer kind"):
-        kind_from_env({"CRESCENT_TRANSFER": "rdma"})
+        check_kind("rdma")
     with pytest.raises(TransferError):
         create_client("rdma")
 

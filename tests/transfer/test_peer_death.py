@@ -18,7 +18,7 @@ import pytest
 
 from shared.transfer.base import TransferError, create_client
 from shared.transfer.ucx import load_ucx, worker_address_of
-from shared.transfer.ucx_settings import mode_from_env
+from shared.transfer.ucx_settings import UcxSettings
 from tests.transfer.conftest import ROOT, PeerProcess, read_line
 from tests.transfer.peer import LEASE, SLOW_S
 
@@ -31,7 +31,8 @@ NOTICED_WITHIN_S = 4.0
 
 # Expected to fail without error handling; ``--runxfail`` shows how (docs/benchmarks.md).
 pytestmark = pytest.mark.xfail(
-    mode_from_env() == "off", reason="without error handling a dying peer may abort the puller"
+    UcxSettings().ucx_error_handling == "off",
+    reason="without error handling a dying peer may abort the puller",
 )
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from shared.transfer import ucx_progress
 from shared.transfer.base import TransferError, create_client
-from shared.transfer.ucx_progress import mode_from_env
+from shared.transfer.ucx_settings import UcxSettings
 from tests.transfer.conftest import PeerProcess
 from tests.transfer.peer import LEASE
 
@@ -21,12 +21,17 @@ IDLE_S = 1.0
 MAX_IDLE_CPU_S = 0.2
 
 
+def mode_from(environ: dict[str, str]) -> str:
+    return UcxSettings.from_environ(environ).ucx_progress
+
+
 def test_mode_comes_from_the_environment_and_defaults_to_adaptive() -> None:
-    assert mode_from_env({}) == "adaptive"
-    assert mode_from_env({"CRESCENT_UCX_PROGRESS": " Polling "}) == "polling"
-    assert mode_from_env({"CRESCENT_UCX_PROGRESS": "thread"}) == "thread"
+    assert mode_from({}) == "adaptive"
+    assert mode_from({"CRESCENT_UCX_PROGRESS": " Polling "}) == "polling"
+    assert mode_from({"CRESCENT_UCX_PROGRESS": "thread"}) == "thread"
+    assert mode_from({"CRESCENT_UCX_PROGRESS": ""}) == "adaptive"
     with pytest.raises(TransferError, match="CRESCENT_UCX_PROGRESS"):
-        mode_from_env({"CRESCENT_UCX_PROGRESS": "busy"})
+        mode_from({"CRESCENT_UCX_PROGRESS": "busy"})
 
 
 def cpu_seconds(pid: int) -> float:
@@ -35,7 +40,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.skipif(mode_from_env() != "adaptive", reason="only the default mode sleeps")
+@pytest.mark.skipif(UcxSettings().ucx_progress != "adaptive", reason="only the default mode sleeps")
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_idle_server_and_client_sleep_between_pulls(run: asyncio.Runner) -> None:
     server = PeerProcess("ucx")

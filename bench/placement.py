@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.scheduler.admission import AdmissionGate
 from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.lookup import PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.options import SchedulerOptions
 from shared.cluster_messages import PrefillTask, TaskAck
 from shared.kv.hashing import root_hash, scope_salt
 from shared.messages import GenerateRequest, SamplingSpec
@@ -109,8 +109,7 @@ async def placement_rate(
         view,
         lookup,
         SchedulerMetrics(view),
-        AdmissionGate(max_pending=in_flight),
-        cache_secret=SECRET,
+        SchedulerOptions(cache_secret=SECRET, max_pending=in_flight),
     )
     sampling = SamplingSpec(max_tokens=16)
     latencies: list[float] = []

@@ -9,12 +9,13 @@ No framework here: the ledger is reached through the scheduler's ``PrefixIndex``
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from services.scheduler.lookup import PrefixIndex
 from shared.errors import CrescentError
 from shared.kv.hashing import quota_key, scope_salt
-from shared.messages import QUOTA, GenerateRequest
+from shared.messages import QUOTA, GenerateRequest, SubmitReply
 
 log = logging.getLogger(__name__)
 
@@ -102,3 +103,29 @@ class Keeper:
             await self.index.keep_blocks(record.quota_key, record.new)
         except CrescentError as exc:
             log.warning("could not undo a keep of %d blocks: %s", len(record.new), exc)
+
+
+async def keep_and_place(
+    keeper: Keeper | None,
+    request: GenerateRequest,
+    full_block_hashes: Callable[[], list[bytes]],
+    place: Callable[[], Awaitable[SubmitReply]],
+) -> SubmitReply:
+    """Records the request's keep first (a keep over quota is refused before any work), then
+    ``place``s the request, and undoes the keep if it was not placed. A resumed request keeps
+    nothing new: its first attempt recorded the keep, and its prompt now ends with generated
+    tokens."""
+    if request.resume:
+        request.sampling.keep = ""
+    if not request.sampling.keep or keeper is None:
+        return await place()
+    kept = await keeper.record(request, full_block_hashes())
+    if isinstance(kept, KeepRefusal):
+        log.info("refused %s: %s", request.request_id, kept.message)
+        return SubmitReply(
+            accepted=False, error=kept.message, error_code=kept.status, error_kind=kept.kind
+        )
+    reply = await place()
+    if not reply.accepted:
+        await keeper.undo(kept)
+    return reply

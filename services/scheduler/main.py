@@ -7,13 +7,14 @@ import contextlib
 import time
 import uuid
 
-from services.scheduler.admission import AdmissionGate
 from services.scheduler.cluster import ClusterView
 from services.scheduler.config import SchedulerSettings
 from services.scheduler.handlers import SchedulerHandlers
 from services.scheduler.keeping import Keeper
 from services.scheduler.lookup import PrefixIndex, PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.options import SchedulerOptions
+from services.scheduler.placer import PlacementOptions
 from shared import subjects
 from shared.bus import Bus, NatsBus, Subscription
 from shared.cluster_messages import NodeStatus
@@ -70,22 +71,21 @@ class SchedulerService:
             retry_s=s.cachemeta_retry_s,
             on_fallback=metrics.fell_back,
         )
-        self.handlers = handlers = SchedulerHandlers(
-            bus,
-            view,
-            lookup,
-            metrics,
-            AdmissionGate(s.scheduler_max_pending),
+        options = SchedulerOptions(
             cache_secret=s.cache_secret,
             secret_fingerprint=secret_fingerprint(s.cache_secret),
-            slo_s=s.ttft_slo_s,
-            tbt_slo_s=s.tbt_slo_s,
+            placement=PlacementOptions(
+                slo_s=s.ttft_slo_s,
+                tbt_slo_s=s.tbt_slo_s,
+                round_robin=s.placement == "round_robin",
+                local_prefill=s.local_prefill,
+            ),
             ack_timeout_s=s.ack_timeout_ms / 1000,
-            round_robin=s.placement == "round_robin",
             prefetch=s.prefetch,
-            local_prefill=s.local_prefill,
-            keeper=Keeper(self.index, s.keep_quota(), s.cache_secret),
+            max_pending=s.scheduler_max_pending,
         )
+        keeper = Keeper(self.index, s.keep_quota(), s.cache_secret)
+        self.handlers = handlers = SchedulerHandlers(bus, view, lookup, metrics, options, keeper)
         metrics.watch_pending(lambda: handlers.gate.pending)
         if s.metrics_port is not None:
             self.ops = OpsServer(

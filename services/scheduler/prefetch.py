@@ -3,20 +3,24 @@
 A placement that pulls from a tierd's ``s3`` tier pays for S3's latency and bandwidth when its
 prefill node gets to the request. If that node's queue holds the request at least as long as
 the tierd takes to read those blocks from S3 (and write them to NVMe), the tierd can do it
-meanwhile: the node's pin, when it comes, finds them on NVMe. The adapter publishes each
-``Prefetch`` as a ``PrefetchRequest`` to the tierd before it hands the task over. The plan
-itself is left as priced (S3): a prefetch only makes it faster. Pure: no I/O.
+meanwhile: the node's pin, when it comes, finds them on NVMe. ``Prefetcher`` sends each
+``Prefetch`` of a placement before the task is handed over, through the adapter (which
+publishes it as a ``PrefetchRequest`` to the tierd). The plan itself is left as priced (S3): a
+prefetch only makes it faster. No framework here, and no I/O but the adapter's ``send``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.costs import Pull
 from services.scheduler.policy import Placement
 from shared.kv.tiers import NVME, S3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +76,47 @@ def _has_room(tierd: NodeLoad | None, num_bytes: int) -> bool:
 
 def _segment(block_hashes: Sequence[bytes], pull: Pull) -> tuple[bytes, ...]:
     return tuple(block_hashes[pull.first_block : pull.first_block + pull.num_blocks])
+
+
+class Prefetcher:
+    """Owns the scheduler's prefetch switch and its way to the tierds (``send``, the adapter's;
+    ``on_sent`` counts the blocks asked for).
+
+    Invariant: a prefetch is a hint: it is sent at most once per request (the caller's
+    ``done`` set), and a failure to plan or send it is logged, never raised.
+    """
+
+    def __init__(
+        self,
+        view: ClusterView,
+        send: Callable[[Prefetch], Awaitable[None]],
+        on_sent: Callable[[int], None],
+        *,
+        enabled: bool = True,
+    ) -> None:
+        self.view = view
+        self.send = send
+        self.on_sent = on_sent
+        self.enabled = enabled
+
+    async def prefetch(
+        self, placement: Placement, block_hashes: Sequence[bytes], done: set[Prefetch]
+    ) -> None:
+        """Asks each tierd ``placement`` pulls S3 blocks from to move them to NVMe while the
+        request waits in its prefill node's queue (``plan_prefetches`` decides which); ``done``
+        holds what this request already asked for, and grows."""
+        if not self.enabled:
+            return
+        try:
+            planned = plan_prefetches(placement, self.view, block_hashes)
+        except Exception:
+            log.exception("planning the prefetches of a placement failed")
+            return
+        for prefetch in [p for p in planned if p not in done]:
+            done.add(prefetch)
+            try:
+                await self.send(prefetch)
+            except Exception as exc:
+                log.warning("could not ask tierd %s for a prefetch: %s", prefetch.tierd_id, exc)
+                continue
+            self.on_sent(len(prefetch.block_hashes))

@@ -1,16 +1,18 @@
 """Translations between the wire messages and the scheduler's own types: a heartbeat into a
 ``NodeLoad``, a placement into the ``PrefillTask`` a prefill node gets, a ``Prefetch`` into the
-``PrefetchRequest`` its tierd gets. Pure: no I/O."""
+``PrefetchRequest`` its tierd gets, an acceptance or a ``Rejection`` into the ``SubmitReply``
+that answers a request. Pure: no I/O."""
 
 from __future__ import annotations
 
 import msgspec
 
 from services.scheduler.cluster import NodeLoad
-from services.scheduler.policy import Placement
+from services.scheduler.placing import Accepted
+from services.scheduler.policy import Placement, Rejection
 from services.scheduler.prefetch import Prefetch
 from shared.cluster_messages import NodeStatus, PrefetchRequest, PrefillTask, PullPlan
-from shared.messages import PREDICTED_TTFT_MARGIN, GenerateRequest
+from shared.messages import PREDICTED_TTFT_MARGIN, GenerateRequest, SubmitReply
 
 #: Block hashes one ``PrefetchRequest`` may carry (the message's bound).
 MAX_PREFETCH_HASHES = 8192
@@ -73,3 +75,28 @@ def prefetch_requests(prefetch: Prefetch) -> list[PrefetchRequest]:
         )
         for i in range(0, len(hashes), MAX_PREFETCH_HASHES)
     ]
+
+
+def refusal(rejection: Rejection) -> SubmitReply:
+    """The answer that refuses a request: the status and reason the client sees, and when it
+    may retry."""
+    return SubmitReply(
+        accepted=False,
+        error=rejection.reason,
+        error_code=rejection.status,
+        retry_after_s=rejection.retry_after_s,
+    )
+
+
+def acceptance(accepted: Accepted, placement_s: float) -> SubmitReply:
+    """The answer that a prefill node took the request (``placement_s``: what placing it took,
+    the offers' round trips left out)."""
+    placement = accepted.placement
+    return SubmitReply(
+        accepted=True,
+        prefill_node=placement.prefill_node,
+        prefill_epoch=accepted.epoch,
+        decode_node=placement.decode_node,
+        placement_s=placement_s,
+        predicted_ttft_s=accepted.expected_ttft_s,
+    )

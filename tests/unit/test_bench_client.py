@@ -58,7 +58,7 @@ class FakeOpenAI:
         cached = self.cached(body)
         yield b": a comment line, ignored\n\n"
         for i in range(body["max_tokens"]):
-            await asyncio.sleep(self.gap_s)
+            await asyncio.sleep(self.gap_s)  # the gap between tokens a server streams with
             chunk = {
                 "id": "cmpl-fake",
                 "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -47,14 +47,17 @@ def test_two_processes_computing_on_the_same_cores_take_one_each(ledger: Path) -
 def test_a_process_that_just_stepped_still_counts_then_stops_counting(
     ledger: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(host_cores, "RECENT_S", 0.02)
+    # The ledger's own clock, moved by hand: a busy host cannot age the step before we look.
+    now = [1000.0]
+    monkeypatch.setattr(host_cores, "time", SimpleNamespace(monotonic=lambda: now[0]))
     decode = HostCores(ledger, CORES, 2)
     prefill = HostCores(ledger, CORES, 2, pid=live_pid())
     decode.begin_step()
     decode.end_step()
+    now[0] += host_cores.RECENT_S / 2
     assert prefill.begin_step() == 1  # between two decode steps
     prefill.end_step()
-    time.sleep(0.03)
+    now[0] += host_cores.RECENT_S
     assert prefill.begin_step() == 2
     prefill.end_step()
 

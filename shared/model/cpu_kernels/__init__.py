@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from shared.model.settings import CompilerSettings
+
 log = logging.getLogger(__name__)
 
 _HERE = Path(__file__).parent
@@ -101,7 +103,7 @@ def _unsupported_reason() -> str | None:
 
 
 def _compiler() -> str:
-    return os.environ.get("CXX") or "g++"
+    return CompilerSettings().compiler()
 
 
 def _torch_dirs() -> tuple[Path, Path]:

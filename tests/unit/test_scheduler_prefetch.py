@@ -8,6 +8,8 @@ prompt (1,474,560 bytes each) from S3 at the default 250 MB/s takes 20 ms + 0.37
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from services.scheduler.policy import (
@@ -16,7 +18,7 @@ from services.scheduler.policy import (
     Pull,
     place,
 )
-from services.scheduler.prefetch import Prefetch, move_seconds, plan_prefetches
+from services.scheduler.prefetch import Prefetch, Prefetcher, move_seconds, plan_prefetches
 from services.scheduler.timing import StepCoefficients, StepTimes
 from shared.rpc.types import PrefixHolder
 from tests.unit.scheduler_nodes import NOW, node, placed
@@ -104,3 +106,28 @@ def test_a_tierd_without_room_on_nvme_gets_no_prefetch() -> None:
         v = cluster(queued=2048, tiers=tiers)
         p = placed(place(PROMPT, v, S3_HOLDER, NOW))
         assert bool(plan_prefetches(p, v, HASHES)) is expected, tiers
+
+
+def test_a_prefetch_is_sent_once_per_request_and_a_failure_is_only_logged() -> None:
+    v = cluster(queued=2048)
+    p = placed(place(PROMPT, v, S3_HOLDER, NOW))
+    sent: list[Prefetch] = []
+    counted: list[int] = []
+
+    async def send(prefetch: Prefetch) -> None:
+        sent.append(prefetch)
+        if len(sent) == 1:
+            raise ConnectionError("the connection is gone")
+
+    async def scenario() -> None:
+        done: set[Prefetch] = set()
+        prefetcher = Prefetcher(v, send, counted.append)
+        await prefetcher.prefetch(p, HASHES, done)  # fails: logged, not raised, not counted
+        await prefetcher.prefetch(p, HASHES, done)  # already asked for this request
+        assert (len(sent), counted) == (1, [])
+        await prefetcher.prefetch(p, HASHES, set())  # another request asks again
+        assert (len(sent), counted) == (2, [63])
+        await Prefetcher(v, send, counted.append, enabled=False).prefetch(p, HASHES, set())
+        assert len(sent) == 2
+
+    asyncio.run(scenario())

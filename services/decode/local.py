@@ -5,54 +5,44 @@ so its KV is never handed off. The request then runs like any other sequence of 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from shared import phases
 from shared.background import Background
 from shared.cluster_messages import NodeStatus, PrefillTask, TaskAck
 from shared.engine.types import RequestOutput
 from shared.errors import InvalidRequestError
-from shared.node.chunks import request_salt
+from shared.node.chunks import request_salt, to_wire_logprobs
+from shared.node.context import NodeContext
 from shared.node.decode_timer import DecodeTimer
-from shared.node.ledger import Holding, Stage
 from shared.node.prefix import FetchedPrefix, PrefixFetcher
-from shared.node.runtime import NodeRuntime
+from shared.node.requests import NodeRequest, Stage
 from shared.sampling_params import SamplingParams
 
 
-@dataclass(slots=True)
-class _Arrival:
-    """A local task until its first token: when it arrived and what its pulls brought."""
-
-    task: PrefillTask
-    arrived: float
-    fetched: FetchedPrefix
-
-
 class LocalPrefills:
-    """Owns the local tasks between their acknowledgement and their first token.
+    """Owns nothing but the work it started: a local task's state is its ``NodeRequest``
+    (with ``task`` set) from its acknowledgement; at its first output (``first_output``) it
+    starts running, and from then on ``DecodeRole`` times and sends its outputs as for a
+    handed-off request."""
 
-    Invariant: every accepted task is in ``pending`` until its first output (which
-    ``first_output`` consumes) or its abort; after that its holding's timer times its decode
-    steps as for a handed-off request, and ``DecodeRole`` sends its outputs.
-    """
-
-    def __init__(self, node: NodeRuntime, fetcher: PrefixFetcher) -> None:
+    def __init__(self, node: NodeContext, fetcher: PrefixFetcher) -> None:
         self.node = node
         self.fetcher = fetcher
-        self.pending: dict[str, _Arrival] = {}
         self._work = Background()
+
+    def _pending(self) -> list[NodeRequest]:
+        return [r for r in self.node.requests if r.task is not None and r.before_first_token]
 
     async def on_task(self, task: PrefillTask) -> TaskAck:
         node, req = self.node, task.request
-        rid = req.request_id
-        params = node.screen(req, len(self.pending), "decode node's prefill queue")
+        params = node.screen(req, len(self._pending()), "decode node's prefill queue")
         if isinstance(params, TaskAck):
             return params
-        node.ledger.open(
-            rid, req.gateway_id, req.deadline_ts, req.sampling.output_offset, req.stream_key
-        )
-        self.pending[rid] = _Arrival(task, time.monotonic(), FetchedPrefix())
+        request = NodeRequest(
+            req.request_id, req.gateway_id, req.deadline_ts, req.sampling.output_offset,
+            req.stream_key, arrived=time.monotonic(), task=task,
+        )  # fmt: skip
+        node.requests.accept(request)
         self._work.spawn(self._start(task, params))
         return node.ack(True)
 
@@ -61,55 +51,48 @@ class LocalPrefills:
         (``PrefixFetcher.admit``, as a prefill node does)."""
         req, node = task.request, self.node
         rid = req.request_id
-        salt = request_salt(node.settings.cache_secret, req)
 
         def keep(fetched: FetchedPrefix) -> bool:
-            arrival = self.pending.get(rid)
-            if arrival is None:  # aborted while its blocks were pulled
-                return False
-            arrival.fetched = fetched
-            return True
+            request = node.requests.admitted(rid)  # None: aborted while its blocks were pulled
+            if request is not None:
+                request.fetched = fetched
+            return request is not None
 
-        prompt = list(req.prompt_token_ids)
+        salt = request_salt(node.settings.cache_secret, req)
+        pulls = task.pulls if params.cache_read else []  # asked to reuse no cached block
         try:
-            pulls = task.pulls if params.cache_read else []  # asked to reuse no cached block
-            admitted = await self.fetcher.admit(rid, prompt, params, salt, pulls, keep)
+            await self.fetcher.admit(rid, list(req.prompt_token_ids), params, salt, pulls, keep)
         except InvalidRequestError as exc:
-            self.pending.pop(rid, None)
             await node.fail(rid, str(exc), 400)
-            return
-        holding = node.ledger.active(rid) if admitted else None
-        if holding is not None:
-            holding.stage = Stage.RUNNING
 
-    def first_output(self, out: RequestOutput, holding: Holding) -> dict[str, float] | None:
-        """For a local task's first output: fills in what its hand-off would have carried
-        (cached tokens by tier) and starts its decode timer; returns the prefill phases its
-        first chunk carries. None for any other output."""
-        arrival = self.pending.pop(out.request_id, None)
-        if arrival is None:
+    def first_output(self, out: RequestOutput, request: NodeRequest) -> dict[str, float] | None:
+        """For a local task's first output: records it with what its hand-off would have
+        carried (cached tokens by tier), starts it running and its decode timer; returns the
+        prefill phases its first chunk carries. None for any other output."""
+        if request.task is None or not request.before_first_token:
             return None
         now = time.monotonic()
-        block_size = self.node.engine.config.block_size
-        holding.num_cached_tokens = out.num_cached_tokens
-        holding.cached_by_tier = arrival.fetched.tokens_by_tier(out.num_cached_tokens, block_size)
-        by_source = arrival.fetched.tokens_by_source(out.num_cached_tokens, block_size)
-        self.node.metrics.served_from_cache(by_source)
-        holding.timer = DecodeTimer(now, running_at=now, first_at=now, last_at=now, outputs=1)
-        if out.admitted_at < arrival.arrived:
+        block_size = self.node.block_size
+        fetched = request.fetched or FetchedPrefix()
+        cached = out.num_cached_tokens
+        by_tier = fetched.tokens_by_tier(cached, block_size)
+        logprobs = to_wire_logprobs(out.new_logprobs)
+        self.node.requests.first_token(
+            out.request_id, list(out.new_token_ids), logprobs, cached, by_tier
+        )
+        self.node.requests.running(out.request_id)
+        self.node.metrics.served_from_cache(fetched.tokens_by_source(cached, block_size))
+        request.timer = DecodeTimer(now, running_at=now, first_at=now, last_at=now, outputs=1)
+        if out.admitted_at < request.arrived:
             return {}
-        return phases.prefill_phases(arrival.arrived, arrival.fetched.seconds, out.admitted_at, now)
-
-    def forget(self, request_id: str) -> None:
-        self.pending.pop(request_id, None)
+        return phases.prefill_phases(request.arrived, fetched.seconds, out.admitted_at, now)
 
     def describe(self, status: NodeStatus) -> None:
         """Counts the tasks still pulling their prefix (the engine counts the others)."""
         status.local_prefill = True
-        for rid, arrival in self.pending.items():
-            holding = self.node.ledger.active(rid)
-            if holding is not None and holding.stage is Stage.QUEUED:
-                status.queued_tokens += len(arrival.task.request.prompt_token_ids)
+        for request in self._pending():
+            if request.stage is Stage.QUEUED and request.task is not None:
+                status.queued_tokens += len(request.task.request.prompt_token_ids)
 
     async def close(self) -> None:
         await self._work.close()

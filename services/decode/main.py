@@ -47,8 +47,8 @@ class DecodeService:
         local = None
         if self.settings.local_prefill:
             fetcher = PrefixFetcher(node.bus, node.host, node.puller, direct=node.direct)
-            local = LocalPrefills(node, fetcher)
-        self.role = DecodeRole(node, local)
+            local = LocalPrefills(node.serving, fetcher)
+        self.role = DecodeRole(node.serving, local)
         return self.role
 
     async def stop(self) -> None:
@@ -60,7 +60,7 @@ class DecodeService:
     async def _admit_retry(self, role: DecodeRole) -> None:
         while True:
             await asyncio.sleep(ADMIT_RETRY_S)
-            if role.waiting:
+            if role.receiver.waiting():
                 await role.admit_waiting()
 
 

@@ -37,7 +37,7 @@ class PrefillService:
 
     def _make_role(self, node: NodeRuntime) -> PrefillRole:
         fetcher = PrefixFetcher(node.bus, node.host, node.puller, direct=node.direct)
-        self.role = PrefillRole(node, fetcher)
+        self.role = PrefillRole(node.serving, fetcher)
         return self.role
 
     async def stop(self) -> None:

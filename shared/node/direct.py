@@ -26,7 +26,7 @@ from shared.model.kv_cache import PagedKVCache
 from shared.node.puller import FetchBandwidth
 
 if TYPE_CHECKING:
-    from shared.engine.engine import LLMEngine
+    from shared.node.engine_host import EngineHost
     from shared.node.metrics import NodeMetrics
     from shared.node.settings import NodeSettings
 
@@ -132,15 +132,13 @@ class DirectReader:
         return read
 
 
-def direct_reader(
-    settings: NodeSettings, engine: LLMEngine, cache: PagedKVCache
-) -> DirectReader | None:
+def direct_reader(settings: NodeSettings, engine: EngineHost) -> DirectReader | None:
     """The reader of this host's tierd's NVMe files for a node, None without
     ``CRESCENT_NVME_DIR``. It only reads: whether new writes are encrypted is tierd's setting."""
     if not settings.nvme_dir:
         return None
-    config = engine.config
-    layout = Layout(engine.model_id, config.block_size, config.kv_dtype, cache.layout.block_bytes)
+    config, cache = engine.config, engine.cache
+    layout = Layout(engine.model_id, config.block_size, config.kv_dtype, engine.block_bytes)
     tierd_id = settings.tierd_id or f"tierd-{subjects.host_id(settings.host_id)}"
     seal = BlockSeal(settings.cache_secret, NVME)
     return DirectReader(Path(settings.nvme_dir), tierd_id, cache, layout, seal)

@@ -66,7 +66,7 @@ class NodeMetrics(Collector):
             [*self.labels, "tier"],
             registry=None,
         )
-        #: Requests ended by outcome: the ledger's own counts, read at scrape.
+        #: Requests ended by outcome: the request table's own counts, read at scrape.
         self.outcomes: Mapping[str, int] = {}
 
     def update(self, status: NodeStatus, stats: EngineStats) -> None:

@@ -18,16 +18,16 @@ from shared.cluster_messages import PinReply, PinRequest
 from shared.kv.hashing import HASH_BYTES
 from shared.model.kv_cache import PagedKVCache
 from shared.node.engine_host import EngineHost
-from shared.node.ledger import Lease, Ledger
+from shared.node.leases import Lease, LeaseKind, LeaseTable
 
 log = logging.getLogger(__name__)
 
 
 class BlockServer:
     """Owns the pins this node granted and the answers to pulls (both kept as leases in the
-    node's ``Ledger``).
+    node's ``LeaseTable``).
 
-    Invariant: a lease is ended exactly once, by ``end`` after the ledger handed it out
+    Invariant: a lease is ended exactly once, by ``end`` after the table handed it out
     (released, aborted or expired); until then its blocks cannot be evicted, and a pull can
     read exactly the blocks it names, with its token.
     """
@@ -38,13 +38,13 @@ class BlockServer:
         self,
         engine: EngineHost,
         cache: PagedKVCache,
-        ledger: Ledger,
+        leases: LeaseTable,
         transfer_kind: str,
         transfer_address: bytes,
     ) -> None:
         self.engine = engine
         self.cache = cache
-        self.ledger = ledger
+        self.leases = leases
         self.transfer_kind = transfer_kind
         self.transfer_address = transfer_address
         self.pins_served = 0
@@ -54,10 +54,10 @@ class BlockServer:
         hashes = request.block_hashes[: self.MAX_PIN_BLOCKS]
         if any(len(h) != HASH_BYTES for h in hashes):
             hashes = []
-        lease = self.ledger.grant("", [], time.monotonic())
+        lease = self.leases.grant(LeaseKind.PEER_PIN, time.monotonic())
         pinned = await self.engine.pin(lease.token, hashes) if hashes else []
         if not pinned:
-            self.ledger.release(lease.token)
+            self.leases.release(lease.token)
             return self._reply("", [])
         lease.block_ids = [b for b, _ in pinned]
         self.pins_served += 1
@@ -74,13 +74,13 @@ class BlockServer:
 
     def provide(self, lease_id: str, block_ids: Sequence[int]) -> list[np.ndarray] | None:
         """Transfer-server callback: buffers of leased blocks, straight from the pool."""
-        allowed = self.ledger.blocks_for(lease_id, list(block_ids), time.monotonic())
+        allowed = self.leases.blocks_for(lease_id, list(block_ids), time.monotonic())
         if allowed is None:
             return None
         return [self.cache.block_buffer(b) for b in allowed]
 
     async def end(self, lease: Lease) -> None:
-        """Lets the blocks of a lease the ledger handed out go: unpins a pin, returns a held
+        """Lets the blocks of a lease the table handed out go: unpins a pin, returns a held
         prefill's blocks to the pool (they stay in the prefix cache either way)."""
         if lease.pinned:
             await self.engine.unpin(lease.token)
@@ -89,12 +89,12 @@ class BlockServer:
 
     async def release(self, token: str) -> Lease | None:
         """The puller has pulled (or given up); returns the lease that ended, if any."""
-        lease = self.ledger.release(token)
+        lease = self.leases.release(token)
         if lease is not None:
             await self.end(lease)
         return lease
 
     async def expire(self) -> None:
-        for lease in self.ledger.expire(time.monotonic()):
+        for lease in self.leases.expire(time.monotonic()):
             log.warning("lease on %d blocks expired before its pull", len(lease.block_ids))
             await self.end(lease)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from shared.cluster_messages import SinkBlock, SinkDone, SinkOffer, SinkRequest
 from shared.kv.hashing import BlockHash
 from shared.node.engine_host import EngineHost
-from shared.node.ledger import Ledger
+from shared.node.leases import LeaseKind, LeaseTable
 
 #: A block offered but never reported sunk (tierd failed or restarted) is offered again
 #: after this long.
@@ -41,13 +41,13 @@ class SinkServer:
     def __init__(
         self,
         engine: EngineHost,
-        ledger: Ledger,
+        leases: LeaseTable,
         transfer_kind: str,
         transfer_address: bytes,
         block_bytes: int,
     ) -> None:
         self.engine = engine
-        self.ledger = ledger
+        self.leases = leases
         self.transfer_kind = transfer_kind
         self.transfer_address = transfer_address
         self.block_bytes = block_bytes
@@ -62,10 +62,10 @@ class SinkServer:
             await self.engine.forget_sunk()
         self._forget_stale(now)
         skip = frozenset(self.state.offered)
-        lease = self.ledger.grant("", [], now)
+        lease = self.leases.grant(LeaseKind.SINK_OFFER, now)
         offered = await self.engine.offer_sink(lease.token, request.max_blocks, skip.__contains__)
         if not offered:
-            self.ledger.release(lease.token)
+            self.leases.release(lease.token)
             return self._offer("", [])
         lease.block_ids = [b.block_id for b in offered]
         for block in offered:
@@ -95,7 +95,7 @@ class SinkServer:
             del offered[block_hash]
 
     def _offer(self, lease_id: str, blocks: list[SinkBlock]) -> SinkOffer:
-        engine = self.engine.engine
+        engine = self.engine
         return SinkOffer(
             lease_id=lease_id,
             blocks=blocks,

@@ -10,7 +10,7 @@ import time
 
 from shared import phases, tracing
 from shared.messages import TokenChunk
-from shared.node.ledger import Holding
+from shared.node.requests import NodeRequest
 
 #: A prefill's phases in the order they happen: the pulls of its prefix, then its wait in the
 #: engine's queue, then its compute up to the first token.
@@ -18,7 +18,7 @@ PREFILL_ORDER = (phases.PREFIX_FETCH, phases.PREFILL_QUEUE, phases.PREFILL_COMPU
 HANDOFF_ORDER = (phases.KV_HANDOFF, phases.FIRST_DECODE_STEP)
 
 
-def trace_chunk(chunk: TokenChunk, holding: Holding | None) -> None:
+def trace_chunk(chunk: TokenChunk, holding: NodeRequest | None) -> None:
     """The spans ``chunk`` closes, for a request this node serves."""
     rid = chunk.request_id
     parent = tracing.parent_of(rid)

@@ -9,9 +9,8 @@ from shared.cluster_messages import NodeStatus, StepSample
 from shared.engine.types import StepTiming
 
 if TYPE_CHECKING:
-    from shared.engine.engine import LLMEngine
     from shared.node.direct import DirectReader
-    from shared.node.engine_host import LoadSnapshot
+    from shared.node.engine_host import EngineHost, LoadSnapshot
     from shared.node.puller import BlockPuller
     from shared.transfer.base import TransferServer
 
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
 def fill_status(
     status: NodeStatus,
     snap: LoadSnapshot,
-    engine: LLMEngine,
+    engine: EngineHost,
     puller: BlockPuller,
     server: TransferServer,
     direct: DirectReader | None,
@@ -32,7 +31,7 @@ def fill_status(
     status.total_blocks = load.total_blocks
     status.model_id = engine.model_id
     status.kv_dtype = engine.config.kv_dtype
-    status.block_bytes = engine.runner.cache.layout.block_bytes
+    status.block_bytes = engine.block_bytes
     status.max_num_batched_tokens = engine.config.max_num_batched_tokens
     status.step_samples = [_sample(t) for t in snap.timings]
     status.prompt_tokens_computed = stats.prompt_tokens_computed

@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from contextlib import AbstractContextManager
+from typing import Any, Protocol, TypeVar
 
-from shared.engine.engine import LLMEngine
 from shared.engine.types import RequestOutput
 
 log = logging.getLogger(__name__)
@@ -20,6 +20,19 @@ T = TypeVar("T")
 MAX_FAILED_STEPS = 3
 #: How long the loop sleeps after a step raised, before it tries again.
 FAILED_STEP_PAUSE_S = 0.05
+
+
+class SteppedEngine(Protocol):
+    """What the loop needs of the engine (``LLMEngine``, which only the host names)."""
+
+    @property
+    def lock(self) -> AbstractContextManager[Any]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def step(self) -> list[RequestOutput]: ...
+
+    def fail_all(self, error: str) -> list[RequestOutput]: ...
 
 
 class StepLoop:
@@ -35,7 +48,7 @@ class StepLoop:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: SteppedEngine,
         thread: ThreadPoolExecutor,
         deliver: Callable[[list[RequestOutput]], None],
     ) -> None:

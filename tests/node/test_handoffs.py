@@ -10,6 +10,7 @@ from shared.cluster_messages import PullPlan
 from shared.engine.engine import LLMEngine
 from shared.kv.checksum import BlockChecksum
 from shared.messages import ReplayReply, ReplayRequest
+from shared.node.leases import LeaseKind
 from tests.engine.conftest import EngineFactory
 from tests.engine.test_engine_scheduling import prompts
 from tests.node.cluster import GREEDY, Cluster, Stream, request
@@ -42,8 +43,8 @@ def test_a_handoff_streams_the_single_engine_tokens(make_engine: EngineFactory) 
             d0, p0 = cluster.decodes["d0"], cluster.prefills["p0"]
             assert d0.node.puller.pulls_ok == 1
             await cluster.bus.settle()
-            assert p0.node.ledger.num_leases == 0
-            engine = p0.node.engine
+            assert p0.node.leases.count(LeaseKind.HANDOFF) == 0
+            engine = p0.node.host.engine
             assert engine.pool.num_free_blocks == engine.config.num_kv_blocks
             replay = await cluster.bus.request(
                 subjects.replays("d0"), ReplayRequest(request_id="r1", from_index=0),
@@ -64,7 +65,7 @@ def test_a_refusing_decode_node_passes_the_kv_to_the_next(make_engine: EngineFac
         cluster = Cluster(make_engine)
         await cluster.start(decodes=2)
         try:
-            cluster.decodes["d0"].node.draining = True
+            cluster.decodes["d0"].node.serving.draining = True
             ack, stream = await cluster.submit(request("r2", prompt), decodes=("d0", "d1"))
             assert ack.accepted
             await stream.wait(finished)
@@ -87,10 +88,10 @@ def test_no_decode_node_ends_the_request_with_a_503(make_engine: EngineFactory) 
             assert ack.accepted
             await stream.wait(finished)
             assert stream.chunks[-1].error_code == 503
-            engine = cluster.prefills["p0"].node.engine
+            engine = cluster.prefills["p0"].node.host.engine
             await cluster.bus.settle()
             assert engine.pool.num_free_blocks == engine.config.num_kv_blocks
-            assert cluster.prefills["p0"].node.ledger.num_leases == 0
+            assert cluster.prefills["p0"].node.leases.count(LeaseKind.HANDOFF) == 0
         finally:
             await cluster.stop()
 
@@ -102,7 +103,7 @@ def test_a_draining_prefill_node_refuses_tasks(make_engine: EngineFactory) -> No
         cluster = Cluster(make_engine)
         await cluster.start()
         try:
-            cluster.prefills["p0"].node.draining = True
+            cluster.prefills["p0"].node.serving.draining = True
             ack, _ = await cluster.submit(request("r4", [5, 6, 7]))
             assert not ack.accepted and ack.reason == "draining" and ack.error_code is None
         finally:
@@ -142,9 +143,10 @@ def test_a_corrupt_handoff_is_recomputed_with_the_same_tokens(
             assert stream.tokens == expected_tokens(make_engine, prompt)
             d0 = cluster.decodes["d0"].node
             assert d0.puller.pulls_failed == 1 and d0.puller.pulls_ok == 0
-            assert d0.engine.stats.prompt_tokens_computed == len(prompt)
+            assert d0.host.engine.stats.prompt_tokens_computed == len(prompt)
             await cluster.bus.settle()
-            assert cluster.prefills["p0"].node.ledger.num_leases == 0  # released once anyway
+            p0 = cluster.prefills["p0"].node
+            assert p0.leases.count(LeaseKind.HANDOFF) == 0  # released once anyway
         finally:
             await cluster.stop()
 
@@ -164,14 +166,14 @@ def test_blocks_checksummed_without_the_cache_secret_are_recomputed(
         await cluster.start()
         try:
             p0 = cluster.prefills["p0"].node
-            p0.checksum = BlockChecksum("not the cluster's cache secret")
+            p0.host.engine.checksum = BlockChecksum("not the cluster's cache secret")
             ack, stream = await cluster.submit(request("r7", prompt))
             assert ack.accepted
             await stream.wait(finished)
             assert stream.tokens == expected_tokens(make_engine, prompt)
             d0 = cluster.decodes["d0"].node
             assert d0.puller.pulls_failed == 1 and d0.puller.blocks_pulled == 0
-            assert d0.engine.stats.prompt_tokens_computed == len(prompt)
+            assert d0.host.engine.stats.prompt_tokens_computed == len(prompt)
         finally:
             await cluster.stop()
 
@@ -194,18 +196,18 @@ def test_a_planned_pull_replaces_computing_the_prefix_unless_it_fails(
             _, pulled = await cluster.submit(request("r6", prompt), pulls=(plan,))
             await pulled.wait(finished)
             assert pulled.tokens == warm.tokens
-            assert p0.puller.blocks_pulled == 7 and p0.engine.stats.prompt_tokens_computed == 2
+            assert p0.puller.blocks_pulled == 7 and p0.host.engine.stats.prompt_tokens_computed == 2
             assert pulled.chunks[0].num_cached_tokens == 28
             p1 = cluster.prefills["p1"].node
             await cluster.bus.settle()
-            assert p1.blocks.pins_served == 1 and p1.ledger.num_pins == 0
+            assert p1.blocks.pins_served == 1 and p1.leases.count(LeaseKind.PEER_PIN) == 0
             # The same plan naming a node that is gone: its prefix is computed instead.
             other = prompts(1, 30, 30, seed=55)[0]
             gone = PullPlan(node_id="nobody", first_block=0, num_blocks=7)
             _, computed = await cluster.submit(request("r7", other), pulls=(gone,))
             await computed.wait(finished)
             assert computed.chunks[-1].finish_reason == "length"
-            assert p0.engine.stats.prompt_tokens_computed == 2 + 30
+            assert p0.host.engine.stats.prompt_tokens_computed == 2 + 30
         finally:
             await cluster.stop()
 

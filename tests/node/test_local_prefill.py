@@ -94,7 +94,7 @@ def test_a_decode_node_without_local_prefill_takes_no_prefill_tasks(
         try:
             with pytest.raises(NoResponders):
                 await submit_local(cluster, "r1", prompt)
-            status = await cluster.decodes["d0"].node.status()
+            status = await cluster.decodes["d0"].node.beats.status()
         finally:
             await cluster.stop()
         assert not status.local_prefill

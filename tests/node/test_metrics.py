@@ -19,7 +19,7 @@ from tests.node.test_handoffs import corrupt_one_block, finished
 
 async def scrape(node: NodeRuntime) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """Every sample of the node's registry after a heartbeat refreshed its snapshot."""
-    await node.status()
+    await node.beats.status()
     registry = CollectorRegistry()
     registry.register(node.metrics)
     text = generate_latest(registry).decode()

@@ -26,7 +26,7 @@ async def stops_within(cluster: Cluster, request_id: str, seconds: float) -> Non
     nodes += [d.node for d in cluster.decodes.values()]
 
     def stopped() -> bool:
-        return all(n.ledger.active(request_id) is None for n in nodes)
+        return all(n.requests.active(request_id) is None for n in nodes)
 
     await wait_for_condition(stopped, f"every node to stop {request_id}", seconds)
 
@@ -80,9 +80,9 @@ def test_a_targeted_abort_stops_only_that_node(make_engine: EngineFactory) -> No
         await stream.wait(lambda s: len(s.tokens) >= 3)
         await cluster.bus.publish(subjects.ABORTS, AbortRequest(request_id="g4", only_node="p0"))
         p0, d0 = cluster.prefills["p0"].node, cluster.decodes["d0"].node
-        await wait_for_condition(lambda: p0.ledger.active("g4") is None, "p0 to end g4")
+        await wait_for_condition(lambda: p0.requests.active("g4") is None, "p0 to end g4")
         await cluster.bus.settle()  # d0's subscription delivers the abort it must ignore
-        assert d0.ledger.active("g4") is not None
+        assert d0.requests.active("g4") is not None
         await cluster.bus.publish(subjects.ABORTS, AbortRequest(request_id="g4", only_node="d0"))
         await stops_within(cluster, "g4", 2.0)
 
@@ -116,7 +116,7 @@ def test_a_draining_decode_node_hands_back_and_its_kv_is_pulled(
         plan = PullPlan(node_id="d0", first_block=0, num_blocks=blocks)
         resumed = request("m1-r1", prompt + have, rest, resume=True)
         p0 = cluster.prefills["p0"].node
-        computed = p0.engine.stats.prompt_tokens_computed
+        computed = p0.host.engine.stats.prompt_tokens_computed
         ack, again = await cluster.submit(resumed, decodes=("d1",), pulls=(plan,))
         assert ack.accepted
         await again.wait(lambda s: s.ended)
@@ -126,7 +126,7 @@ def test_a_draining_decode_node_hands_back_and_its_kv_is_pulled(
         # node, so only the tail after the last full block was computed again.
         assert p0.puller.blocks_pulled == blocks - len(prompt) // 4
         tail = len(prompt) + len(have) - blocks * 4
-        assert p0.engine.stats.prompt_tokens_computed - computed == tail
+        assert p0.host.engine.stats.prompt_tokens_computed - computed == tail
         assert d0.node.blocks.pins_served == 1
         await drain
 

@@ -30,13 +30,13 @@ def test_a_hung_step_makes_the_node_unhealthy_until_it_returns(
         cluster = Cluster(make_engine)
         await cluster.start(decodes=0, step_timeout_s=0.3)
         p0 = cluster.prefills["p0"].node
-        execute = p0.engine.runner.execute
+        execute = p0.host.engine.runner.execute
 
         def hangs(plan: Any) -> Any:
             release.wait(10)
             return execute(plan)
 
-        p0.engine.runner.execute = hangs  # type: ignore[method-assign]
+        p0.host.engine.runner.execute = hangs  # type: ignore[method-assign]
         beats: list[NodeStatus] = []
 
         async def on_beat(status: NodeStatus) -> None:
@@ -46,14 +46,14 @@ def test_a_hung_step_makes_the_node_unhealthy_until_it_returns(
         try:
             ack, _ = await cluster.submit(request("h1", [3, 4, 5]), decodes=("nobody",))
             assert ack.accepted
-            await wait_for_condition(lambda: not p0.healthy(), "the watchdog to notice")
+            await wait_for_condition(lambda: not p0.beats.healthy(), "the watchdog to notice")
             await wait_for_condition(
                 lambda: bool(beats) and not beats[-1].healthy, "a heartbeat saying unhealthy"
             )
             refused, _ = await cluster.submit(request("h2", [3, 4, 5]))
             assert not refused.accepted and refused.reason == "unhealthy"
             release.set()
-            await wait_for_condition(p0.healthy, "the node to recover")
+            await wait_for_condition(p0.beats.healthy, "the node to recover")
             await wait_for_condition(lambda: beats[-1].healthy, "a heartbeat saying healthy")
         finally:
             release.set()
@@ -67,7 +67,7 @@ def test_heartbeats_carry_the_cache_secret_fingerprint(make_engine: EngineFactor
         cluster = Cluster(make_engine)
         await cluster.start(decodes=0)
         try:
-            status = await cluster.prefills["p0"].node.status()
+            status = await cluster.prefills["p0"].node.beats.status()
             assert status.secret_fingerprint == secret_fingerprint(SECRET)
             assert status.epoch == cluster.prefills["p0"].node.epoch and status.healthy
         finally:
@@ -108,8 +108,8 @@ def test_a_node_whose_bus_dropped_stays_quiet_then_beats_healthy(
             assert isinstance(node.bus, MemoryBus)
             made = count_beats_made(node)
             node.bus.connected = False
-            assert not node.healthy()  # /healthz tells of the lost bus
-            status = await node.status()
+            assert not node.beats.healthy()  # /healthz tells of the lost bus
+            status = await node.beats.status()
             assert status.healthy  # a beat that arrives proves the bus
             # Counted in beats the loop made, not seconds: a busy host makes fewer.
             down = made[0]

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from shared import logs, tracing
+from shared.tracing_settings import TracingSettings
 
 
 class Service(Protocol):
@@ -25,7 +26,7 @@ class Service(Protocol):
 def setup_logging(service: str) -> None:
     """The service's logging, as ``CRESCENT_LOG_LEVEL`` and ``CRESCENT_LOG_FORMAT`` say, and
     its tracing where ``OTEL_EXPORTER_OTLP_ENDPOINT`` names a collector."""
-    tracing.configure(service)
+    tracing.configure(service, TracingSettings().endpoint)
     logs.setup_logging(service, trace_ids=tracing.current_ids)
 
 

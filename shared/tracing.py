@@ -11,7 +11,6 @@ become spans with ``record``; ``remember`` keeps, per request, the span later on
 
 from __future__ import annotations
 
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -20,7 +19,6 @@ from typing import Any
 
 from shared import logs
 
-ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 #: Requests whose last span this process remembers (a node's in-flight requests, and more).
 MAX_REMEMBERED = 4096
 Attributes = Mapping[str, str | int | float | bool]
@@ -38,10 +36,11 @@ class _State:
 _state = _State()
 
 
-def configure(service: str) -> bool:
-    """Turns tracing on for this process when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (the
-    exporter reads the other ``OTEL_*`` variables itself); returns whether it did."""
-    if not os.environ.get(ENDPOINT_ENV):
+def configure(service: str, endpoint: str) -> bool:
+    """Turns tracing on for this process when ``endpoint`` (``TracingSettings``, from
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``) is not blank; returns whether it did. The exporter reads
+    that variable and the other ``OTEL_*`` itself."""
+    if not endpoint.strip():
         return False
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.resources import Resource

@@ -42,7 +42,8 @@ import os, sys
 os.environ.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
 from shared import tracing
 from shared.messages import GenerateRequest, SamplingSpec
-assert tracing.configure("test") is False
+from shared.tracing_settings import TracingSettings
+assert tracing.configure("test", TracingSettings().endpoint) is False
 r = GenerateRequest(request_id="r", tenant="t", prompt_token_ids=[1],
                     sampling=SamplingSpec(max_tokens=1))
 tracing.stamp(r)

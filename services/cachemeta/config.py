@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from shared.model.files import default_cache_dir
 from shared.secrets import CacheMetaTokenSettings, check_db_url, refused
+from shared.service_settings import ServiceSettings
 
 
 def default_db_url() -> str:
@@ -56,3 +57,10 @@ class CacheMetaSettings(CacheMetaTokenSettings):
         if self.sweep_interval_s is not None:
             return self.sweep_interval_s
         return min(self.replica_grace_s / 4, 1.0)
+
+
+class MigrationSettings(ServiceSettings):
+    """What the alembic command reads: ``CRESCENT_DB_URL`` alone, without the service's checks
+    (migrating needs no token). Invariant: ``db_url`` is empty when the variable is unset."""
+
+    db_url: str = Field(default="", description="the catalogue to migrate; empty: alembic.ini's")

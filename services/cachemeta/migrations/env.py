@@ -4,12 +4,12 @@ on a fresh async engine from ``CRESCENT_DB_URL`` / ``sqlalchemy.url`` (the alemb
 from __future__ import annotations
 
 import asyncio
-import os
 
 from alembic import context
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from services.cachemeta.config import MigrationSettings
 from services.cachemeta.models import Base
 
 config = context.config
@@ -17,7 +17,7 @@ target_metadata = Base.metadata
 
 
 def _url() -> str:
-    url = os.environ.get("CRESCENT_DB_URL") or config.get_main_option("sqlalchemy.url")
+    url = MigrationSettings().db_url or config.get_main_option("sqlalchemy.url")
     if not url:
         raise RuntimeError("set CRESCENT_DB_URL (or sqlalchemy.url) to migrate the catalogue")
     return url

@@ -9,6 +9,7 @@ from collections import deque
 
 from shared.engine.cache_exchange import CacheExchange
 from shared.engine.config import EngineConfig
+from shared.engine.handover import Handover
 from shared.engine.kv_manager import KVCacheManager
 from shared.engine.request_checks import check_request_fits
 from shared.engine.rope_scopes import RopeScopes
@@ -39,9 +40,22 @@ MAX_ERROR_LENGTH = 512
 
 
 class LLMEngine:
-    """Owns the scheduler, the KV cache manager and the model runner, and the requests in
-    flight. One thread drives ``step`` and makes the calls that change requests; other threads
-    may only do bookkeeping that leaves running sequences alone, holding ``lock``."""
+    """Owns the scheduler, the KV cache manager, the model runner and the one table of the
+    sequences it knows, by request id, from their arrival until their blocks are freed. Each
+    one's status says where it lives (``SequenceStatus``): WAITING or RUNNING in the
+    scheduler, IMPORTING or HELD outside it (``Handover``); none in the table is FINISHED.
+
+    Threading contract. One thread (a node's engine thread) drives ``step`` and makes every
+    call that changes requests (``add_request``, ``abort_request``, ``begin_import``,
+    ``finish_import``, ``fail_all``), between two steps and holding ``lock``. Other threads
+    only do bookkeeping that leaves the WAITING, RUNNING and IMPORTING sequences and their
+    blocks alone (``held_block_ids``, ``release_held``, ``load``, the exchange's pins and
+    cached-block imports, the pool's counters), holding ``lock``. ``step`` holds ``lock``
+    while it plans and while it books its results, but not during the forward pass and its
+    thread count (``_execute``, ``StepThreads``): that pass reads and writes only the KV of
+    the batch's own blocks, which bookkeeping never touches, so heartbeats, pins and
+    releases need not wait for a long prefill.
+    """
 
     def __init__(
         self,
@@ -81,8 +95,7 @@ class LLMEngine:
         self.eos_token_ids = frozenset(config.eos_token_ids)
         self.stats = EngineStats()
         self._sequences: dict[str, Sequence] = {}
-        self._held: dict[str, Sequence] = {}
-        self._importing: dict[str, Sequence] = {}
+        self.handover = Handover(self.kv, self.scheduler, self.stats)
         self._roots: dict[bytes, BlockHash] = {}
         self.lock = threading.RLock()
         # Recent step timings, drained by the node into its heartbeats.
@@ -105,21 +118,23 @@ class LLMEngine:
         ``release_held`` — how a prefill node keeps a prompt's KV until it is pulled.
         """
         seq = self._new_sequence(request_id, prompt_token_ids, params, cache_salt)
-        seq.hold_blocks = hold_blocks
+        if hold_blocks:
+            seq.finishes_as = SequenceStatus.HELD
         self._sequences[request_id] = seq
         self.scheduler.add(seq)
 
     def held_block_ids(self, request_id: str) -> list[int] | None:
         """Block ids of a finished request whose blocks are held, in token order."""
-        seq = self._held.get(request_id)
-        return None if seq is None else [b.block_id for b in seq.block_table]
+        seq = self._sequences.get(request_id)
+        if seq is None or seq.status is not SequenceStatus.HELD:
+            return None
+        return [b.block_id for b in seq.block_table]
 
     def release_held(self, request_id: str) -> bool:
         """Returns a held request's blocks to the pool (they stay in the prefix cache)."""
-        seq = self._held.pop(request_id, None)
-        if seq is None:
+        if not self.handover.release(self._sequences.get(request_id)):
             return False
-        self.kv.free(seq)
+        del self._sequences[request_id]
         return True
 
     def begin_import(
@@ -137,55 +152,37 @@ class LLMEngine:
         ``finish_import``. None when the pool has no room now.
         """
         seq = self._new_sequence(request_id, prompt_token_ids, params, cache_salt)
-        rules = seq.logits_processor
-        if rules is not None and not rules.accept(first_token):
-            raise InvalidRequestError("the first token does not follow the grammar", "grammar")
-        hits = self.kv.find_cached_prefix(seq)
-        num_prompt = len(prompt_token_ids)
-        if not self.kv.allocate(seq, num_prompt, hits):
-            return None
-        seq.token_ids.append(first_token)
-        seq.num_cached_tokens = len(hits) * self.config.block_size
-        self._importing[request_id] = seq
-        self._sequences[request_id] = seq
-        first_missing = len(hits)
-        return ImportSlot(first_missing, [b.block_id for b in seq.block_table[first_missing:]])
+        slot = self.handover.reserve(seq, first_token)
+        if slot is not None:
+            self._sequences[request_id] = seq
+        return slot
 
     def finish_import(self, request_id: str, ok: bool) -> None:
         """Starts decoding an imported request. If its blocks could not be filled, it is
-        recomputed from its tokens instead: slower, never wrong."""
-        seq = self._importing.pop(request_id)
-        if ok:
-            seq.num_computed_tokens = seq.num_prompt_tokens
-            self.stats.prompt_tokens_imported += seq.num_prompt_tokens - seq.num_cached_tokens
-            self.kv.cache_computed_blocks(seq, computed_here=False)
-            self.scheduler.resume(seq)
-        else:
-            self.kv.free(seq)
-            seq.num_cached_tokens = -1
-            self.scheduler.add(seq)
+        recomputed from its tokens instead: slower, never wrong. Raises ``KeyError`` when
+        the request is not importing (unknown, aborted or already finished importing)."""
+        seq = self._sequences.get(request_id)
+        if seq is None:
+            raise KeyError(
+                f"request {request_id!r} is not importing: the engine has no such request"
+            )
+        self.handover.finish_import(seq, ok)
 
     def abort_request(self, request_id: str) -> bool:
-        """Drops a request and frees its blocks; False if it was not in flight."""
-        seq = self._sequences.pop(request_id, None)
-        if seq is None:
+        """Drops a request and frees its blocks; False if it was not in flight (a held one is
+        not: its blocks wait for ``release_held``)."""
+        seq = self._sequences.get(request_id)
+        if seq is None or seq.is_finished:
             return False
-        if self._importing.pop(request_id, None) is not None:
-            self.kv.free(seq)
-        else:
-            self.scheduler.remove(seq)
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = FinishReason.ABORT
+        self._end(seq, FinishReason.ABORT)
         return True
 
     def fail_all(self, error: str) -> list[RequestOutput]:
-        """Ends every request in flight with an error output: the last resort of a host whose
-        steps keep failing for a reason the engine cannot pin on any request."""
-        outputs = []
-        for seq in list(self._sequences.values()):
-            self._importing.pop(seq.request_id, None)  # its blocks are freed with it
-            outputs.append(self._fail(seq, error))
-        return outputs
+        """Ends every request in flight, importing ones included, with an error output: the
+        last resort of a host whose steps keep failing for a reason the engine cannot pin on
+        any request. Held requests stay held: their KV is computed, and a pull may want it."""
+        in_flight = [s for s in self._sequences.values() if not s.is_finished]
+        return [self._fail(seq, error) for seq in in_flight]
 
     def load(self) -> EngineLoad:
         """A snapshot of how busy the engine is, for heartbeats and placement."""
@@ -201,7 +198,7 @@ class LLMEngine:
             waiting_seqs=len(self.scheduler.waiting),
             free_blocks=self.pool.num_free_blocks,
             total_blocks=self.pool.num_blocks,
-            held_requests=len(self._held),
+            held_requests=sum(s.status is SequenceStatus.HELD for s in self._sequences.values()),
         )
 
     def has_unfinished_requests(self) -> bool:
@@ -209,7 +206,9 @@ class LLMEngine:
 
     @property
     def num_unfinished_requests(self) -> int:
-        return len(self._sequences)
+        """Requests waiting, running or importing (held ones have finished)."""
+        with self.lock:  # ``release_held`` may change the table from a bookkeeping thread
+            return sum(not s.is_finished for s in self._sequences.values())
 
     def step(self) -> list[RequestOutput]:
         """Runs one batch through the model and returns the requests that got a token, or
@@ -287,12 +286,17 @@ class LLMEngine:
     def _fail(self, seq: Sequence, error: str) -> RequestOutput:
         """Ends a sequence with an error output. Its blocks go back to the pool even when it
         asked to hold them: nobody would ever release a failed request's blocks."""
-        seq.status = SequenceStatus.FINISHED
-        seq.finish_reason = FinishReason.ERROR
-        self.scheduler.remove(seq)
-        self._sequences.pop(seq.request_id, None)
+        self._end(seq, FinishReason.ERROR)
         self.stats.failed_requests += 1
         return RequestOutput.of(seq, [], [], error)
+
+    def _end(self, seq: Sequence, reason: FinishReason) -> None:
+        """Ends an unfinished sequence FINISHED, out of the scheduler and the table, its
+        blocks freed (an importing one's too: ``remove`` frees those of one in no queue)."""
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.scheduler.remove(seq)
+        del self._sequences[seq.request_id]
 
     def _advance(self, plan: SchedulerOutput, failed: dict[Sequence, str]) -> None:
         for chunk in plan.chunks:
@@ -328,7 +332,7 @@ class LLMEngine:
         if sampled.error is not None:
             return self._fail(seq, sampled.error)
         if seq.num_output_tokens == 0:
-            self.stats.prompt_tokens_cached += max(seq.num_cached_tokens, 0)
+            self.stats.prompt_tokens_cached += seq.num_cached_tokens or 0
         rules = seq.logits_processor
         if rules is not None and not rules.accept(sampled.token_id):
             return self._fail(seq, "the sampled token does not follow the grammar")
@@ -338,19 +342,16 @@ class LLMEngine:
         self.stats.output_tokens += 1
         reason = finish_reason(seq, sampled.token_id, self.eos_token_ids, self.config.max_model_len)
         if reason is not None:
-            seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = reason
-            self.scheduler.remove(seq, free_blocks=not seq.hold_blocks)
-            if seq.hold_blocks:
-                self._held[seq.request_id] = seq
-            del self._sequences[seq.request_id]
+            self.handover.finish(seq, reason)
+            if seq.status is SequenceStatus.FINISHED:
+                del self._sequences[seq.request_id]
         logprobs = [sampled.logprobs] if sampled.logprobs is not None else []
         return RequestOutput.of(seq, [sampled.token_id], logprobs)
 
     def _new_sequence(
         self, request_id: str, prompt: list[int], params: SamplingParams, cache_salt: bytes
     ) -> Sequence:
-        if request_id in self._sequences or request_id in self._held:
+        if request_id in self._sequences:  # held ones too: their id names their blocks
             raise InvalidRequestError(
                 f"request id {request_id!r} is already in flight", "request_id"
             )

@@ -245,7 +245,7 @@ class Scheduler:
         num_new = min(seq.num_tokens - num_computed, grant)
         if not self.kv.allocate(seq, num_new + reused, cached, partial):
             return False
-        if seq.num_cached_tokens < 0:
+        if seq.num_cached_tokens is None:
             seq.num_cached_tokens = reused
         seq.num_computed_tokens = num_computed
         self.waiting.remove(seq)

@@ -16,9 +16,14 @@ if TYPE_CHECKING:
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+    """Where a sequence lives on its node. The engine's table holds it, by request id, from
+    its arrival until its blocks go back to the pool, which is when it becomes FINISHED."""
+
+    WAITING = "waiting"  # queued, or preempted, or an import that failed: computed here
+    RUNNING = "running"  # admitted: the scheduler gives it tokens each step
+    IMPORTING = "importing"  # blocks reserved, its prompt's KV being written in from elsewhere
+    HELD = "held"  # finished, its blocks kept referenced until a decode node pulled them
+    FINISHED = "finished"  # ended and its blocks freed: no longer in the engine's table
 
 
 class FinishReason(enum.StrEnum):
@@ -34,7 +39,7 @@ class Sequence:
 
     Invariants: ``num_computed_tokens <= len(token_ids)``; ``block_table`` covers at least
     ``num_computed_tokens`` tokens; ``block_hashes[i]`` is the chained hash of block ``i`` of
-    ``token_ids`` and exists only for full blocks.
+    ``token_ids`` and exists only for full blocks; ``block_table`` is empty once FINISHED.
     """
 
     request_id: str
@@ -46,7 +51,9 @@ class Sequence:
     block_table: list[KVBlock] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_computed_tokens: int = 0
-    num_cached_tokens: int = -1  # prompt tokens reused from the prefix cache; -1: not looked up
+    # Prompt tokens reused from the prefix cache, or found here by an import; None until its
+    # first admission looks (an import that failed is looked up again: what it reuses now).
+    num_cached_tokens: int | None = None
     num_prompt_tokens_computed: int = 0
     num_published_blocks: int = 0  # leading blocks already offered to the prefix cache
     # Tokens of the prompt / the output whose blocks this sequence computed and newly cached.
@@ -54,7 +61,9 @@ class Sequence:
     num_output_tokens_written: int = 0
     finish_reason: FinishReason | None = None
     output_logprobs: list[TokenLogprobs] = field(default_factory=list)
-    hold_blocks: bool = False  # keep the blocks referenced after finishing, until released
+    # The status a stop or length finish leaves it in: HELD on a prefill node, whose blocks a
+    # decode node pulls. An abort or error always ends FINISHED: nobody would pull its blocks.
+    finishes_as: SequenceStatus = SequenceStatus.FINISHED
     quota_key: bytes = b""  # the tenant scope its cached blocks count against below DRAM
     cache_salt: bytes = b""  # its cache scope, before any narrowing by its rope
     rope_scope: str = ""  # how its tokens are rotated, where that depends on its length
@@ -85,4 +94,5 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+        """True once it has its last token, whether or not its blocks are still held."""
+        return self.status in (SequenceStatus.FINISHED, SequenceStatus.HELD)

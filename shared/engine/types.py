@@ -37,7 +37,7 @@ class RequestOutput:
             new_token_ids=new,
             output_token_ids=seq.output_token_ids,
             num_prompt_tokens=seq.num_prompt_tokens,
-            num_cached_tokens=max(seq.num_cached_tokens, 0),
+            num_cached_tokens=seq.num_cached_tokens or 0,
             finished=seq.is_finished,
             finish_reason=seq.finish_reason,
             new_logprobs=logprobs,

@@ -18,7 +18,6 @@ commands instead of running them.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import shlex
 import shutil
@@ -161,9 +160,9 @@ def mismatch(build: str, version: str, cuda: str | None) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m crescent.torch_build", description=__doc__)
     parser.add_argument("pin", nargs="?", default=PIN, help=f"the requirement (default {PIN})")
-    parser.add_argument("--build", default=os.environ.get("TORCH_BUILD") or "auto")
-    index = os.environ.get("TORCH_CPU_INDEX") or DEFAULT_CPU_INDEX
-    parser.add_argument("--cpu-index", default=index)
+    # make and the Dockerfile pass their TORCH_BUILD and TORCH_CPU_INDEX as these flags.
+    parser.add_argument("--build", default="auto", help="auto, cpu or cuda (TORCH_BUILD)")
+    parser.add_argument("--cpu-index", default=DEFAULT_CPU_INDEX, help="PyTorch's CPU index")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds for the CPU index")
     parser.add_argument("--strict", action="store_true", help="fail rather than fall back")
     parser.add_argument("--dry-run", action="store_true", help="print the pip commands only")

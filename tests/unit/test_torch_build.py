@@ -79,7 +79,7 @@ def test_the_drivers_proc_entry_alone_also_picks_cuda(tmp_path: Path) -> None:
 
 def test_without_a_gpu_an_unreachable_cpu_index_falls_back_in_seconds(tmp_path: Path) -> None:
     started = time.monotonic()
-    done = run(tmp_path, TORCH_CPU_INDEX=UNREACHABLE)  # nvidia-smi finds no device
+    done = run(tmp_path, "--cpu-index", UNREACHABLE)  # nvidia-smi finds no device
     took = time.monotonic() - started
     assert done.returncode == 0, done.stderr
     assert took < 10
@@ -105,7 +105,7 @@ def test_an_index_that_never_answers_is_given_up_after_the_timeout(tmp_path: Pat
 
 
 def test_a_reachable_cpu_index_serves_torch_alone(tmp_path: Path, cpu_index: str) -> None:
-    done = run(tmp_path, TORCH_CPU_INDEX=cpu_index + "/")
+    done = run(tmp_path, "--cpu-index", cpu_index + "/")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"torch: CPU build (no NVIDIA GPU seen): {PIN} from {cpu_index}")
     first, second = (line.split(" -m ")[1] for line in pip_lines(done.stdout))
@@ -113,12 +113,18 @@ def test_a_reachable_cpu_index_serves_torch_alone(tmp_path: Path, cpu_index: str
     assert second == f"pip install --quiet {PIN}"  # its requirements: the configured index
 
 
-def test_torch_build_overrides_what_is_seen(tmp_path: Path, cpu_index: str) -> None:
-    done = run(tmp_path, "--cpu-index", cpu_index, gpu="GPU 0: NVIDIA A10", TORCH_BUILD="cpu")
+def test_the_build_flag_overrides_what_is_seen(tmp_path: Path, cpu_index: str) -> None:
+    done = run(tmp_path, "--cpu-index", cpu_index, "--build", "cpu", gpu="GPU 0: NVIDIA A10")
     assert done.stdout.startswith(f"torch: CPU build (TORCH_BUILD=cpu): {PIN} from {cpu_index}")
-    done = run(tmp_path, "--cpu-index", cpu_index, TORCH_BUILD="cuda")
+    done = run(tmp_path, "--cpu-index", cpu_index, "--build", "cuda")
     assert done.stdout.startswith("torch: CUDA build (TORCH_BUILD=cuda)")
     assert "--index-url" not in done.stdout
+
+
+def test_only_the_flags_choose_not_the_environment(tmp_path: Path, cpu_index: str) -> None:
+    # make and the Dockerfile pass TORCH_BUILD and TORCH_CPU_INDEX as flags.
+    done = run(tmp_path, "--cpu-index", cpu_index, TORCH_BUILD="cuda", TORCH_CPU_INDEX=UNREACHABLE)
+    assert done.stdout.startswith(f"torch: CPU build (no NVIDIA GPU seen): {PIN} from {cpu_index}")
 
 
 def test_strict_fails_rather_than_fall_back_and_a_bad_build_is_refused(tmp_path: Path) -> None:

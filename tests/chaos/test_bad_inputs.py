@@ -3,7 +3,6 @@ heartbeats get refused or dropped, and the stack goes on serving."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 
@@ -16,6 +15,7 @@ from shared.bus import tls_options
 from shared.cluster_messages import NodeStatus
 from shared.messages import encode
 from tests.chaos.conftest import Chaos
+from tests.support.wait import wait_for_condition, wait_until
 
 HELLO = [{"role": "user", "content": "Say hello."}]
 BAD_BODIES: list[tuple[str, bytes, str]] = [
@@ -60,7 +60,7 @@ def test_forged_heartbeats_are_refused_or_dropped(chaos: Chaos) -> None:
     password = (secrets / "nats-decode-0.password").read_text().strip()
     tls = tls_options(where["nats_url"], chaos.tls)
 
-    async def forge() -> None:
+    async def forge() -> float:
         with pytest.raises(Exception, match="Authorization"):
             await nats.connect(where["nats_url"], allow_reconnect=False, connect_timeout=2, **tls)
         errors: list[Exception] = []
@@ -83,16 +83,27 @@ def test_forged_heartbeats_are_refused_or_dropped(chaos: Chaos) -> None:
         )
         await nc.publish(subjects.heartbeats("decode", "decode-0"), absurd)
         await nc.flush()
-        await asyncio.sleep(1.0)
+        await wait_for_condition(
+            lambda: any("permissions violation" in str(e).lower() for e in errors),
+            "the server to refuse the forged heartbeats",
+        )
         await nc.close()
-        assert any("permissions violation" in str(e).lower() for e in errors), errors
+        return time.monotonic()
 
-    chaos.loop.run(forge(), 30)
-    time.sleep(1.0)
-    _, prefill = chaos.harness.beats.latest["prefill-0"]
-    _, decode = chaos.harness.beats.latest["decode-0"]
+    forged = chaos.loop.run(forge(), 30)
+    latest = chaos.harness.beats.latest
+    wait_until(
+        lambda: all(latest[n][0] > forged for n in ("prefill-0", "decode-0")),
+        "a heartbeat of each node after the forged ones",
+    )
+    _, prefill = latest["prefill-0"]
+    _, decode = latest["decode-0"]
     assert not prefill.draining and decode.block_size == 32
-    logs = chaos.stack.log("scheduler-0") + chaos.stack.log("scheduler-1")
-    assert "dropped a malformed NodeStatus" in logs
+
+    def dropped() -> bool:
+        logs = chaos.stack.log("scheduler-0") + chaos.stack.log("scheduler-1")
+        return "dropped a malformed NodeStatus" in logs
+
+    wait_until(dropped, "a scheduler to drop the malformed heartbeat")
     ok = chaos.run(lambda h: h.stream("Say hello.", 4))
     assert ok.completed

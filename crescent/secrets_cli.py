@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import NoReturn
 
 from crescent import secrets_init, slot_claim
+from crescent.cli_settings import CliSettings
 from crescent.secrets_init import SecretPlan
 from crescent.slots import SCALED, SlotSettings, setting_name
 from shared.secrets import read_secret_file
+from shared.service_settings import child_environment
 
 _USERS_HELP = "NATS users (role names) to make passwords for, instead of one per slot"
 
@@ -120,7 +122,7 @@ def _plan(args: argparse.Namespace, kubernetes: bool) -> SecretPlan:
     if kubernetes:
         plan = secrets_init.k8s_plan(_slots(args), args.namespace)
     else:
-        host = args.host_id if args.host_id is not None else os.environ.get("CRESCENT_HOST_ID")
+        host = args.host_id if args.host_id is not None else CliSettings().host_id
         plan = secrets_init.compose_plan(_slots(args), host or "compose")
     if args.nats_users:
         # Role users instead of slots; the certificates stay those of the deployment.
@@ -150,7 +152,7 @@ def _exec(args: argparse.Namespace) -> NoReturn:
     if not command:
         _fail("no command after --", 2)
     try:
-        env = file_environment(args.env, os.environ)
+        env = file_environment(args.env, child_environment())
         if args.claim:
             # The lock's descriptor stays open through the exec below: the service holds it.
             env |= slot_claim.claim(args.claim, args.secrets_dir, args.lock_dir).env()

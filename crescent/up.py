@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from crescent import up_secrets, up_tierd
+from crescent.cli_settings import CliSettings
 from crescent.nats_config import TOOLS, NatsAuthFiles, write_nats_auth
 from crescent.processes import Child, spawn, stop_all, supervise
 from crescent.s3_server import S3ServerError, start_s3
@@ -23,6 +24,7 @@ from crescent.up_port import PortTaken, check_free
 from crescent.up_progress import StartupProgress
 from crescent.up_ready import NotReady, wait_gateway, wait_nodes
 from crescent.up_stop import Stopped, StopSignals
+from shared.service_settings import child_environment
 
 #: CPU priority of the model nodes below the control plane (``bench/overload.py``).
 NODE_NICE = 10
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
 def _bad_arguments(args: argparse.Namespace) -> str | None:
     if min(args.prefill, args.decode, args.schedulers) < 1:
         return "--prefill, --decode and --schedulers must be at least 1"
-    if args.with_s3 and os.environ.get("CRESCENT_S3_ENDPOINT"):
+    if args.with_s3 and CliSettings().s3_endpoint:
         return "--with-s3 runs an S3 server; CRESCENT_S3_ENDPOINT names another"
     return None
 
@@ -120,7 +122,7 @@ def _start(
     """Starts the stack's processes into ``children`` (in stop order) and waits until it
     serves; returns the name clients use for the model. ``Stopped`` at a stop asked for."""
     # Marks every process of this stack, so operators (and tests) can find them all.
-    env = dict(os.environ) | {"CRESCENT_UP_ID": uuid.uuid4().hex}
+    env = child_environment({"CRESCENT_UP_ID": uuid.uuid4().hex})
     if args.model:
         env["CRESCENT_MODEL"] = str(Path(args.model).expanduser().resolve())
     # First, so a model Crescent cannot serve is refused before anything starts.
@@ -292,7 +294,7 @@ def _prepare_model(model: str | None) -> str:
         files = resolve_model(settings.model, settings.cache_dir)
     except CrescentError as exc:
         raise _Abort(str(exc)) from None
-    return os.environ.get("CRESCENT_SERVED_MODEL_NAME") or files.config.model_id
+    return CliSettings().served_model_name or files.config.model_id
 
 
 def _start_services(

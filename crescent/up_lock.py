@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from crescent.cli_settings import CliSettings
+
 LOCK_NAME = "crescent.lock"
 
 
 def default_data_dir() -> Path:
     """Where `crescent up` keeps its logs, catalogue and secrets unless told otherwise."""
-    return Path(os.environ.get("CRESCENT_DATA_DIR", Path.home() / ".cache" / "crescent" / "up"))
+    return CliSettings().up_folder()
 
 
 @dataclass(frozen=True, slots=True)

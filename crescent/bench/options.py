@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from crescent.cli_settings import BenchKeySettings, named_variable
 from crescent.traces import CONVERSATION_TRACE
 
 DATASETS = ("trace", "multiturn", "shared-prefix", "random")
@@ -66,7 +66,7 @@ def parse_target(spec: str, default_key: str | None) -> Target:
         raise ValueError(f"target {name}: cache must be on or off")
     api_key = default_key
     if "key_env" in fields:
-        api_key = os.environ.get(fields["key_env"])
+        api_key = named_variable(fields["key_env"])
         if api_key is None:
             raise ValueError(f"target {name}: environment variable {fields['key_env']} is unset")
     return Target(name, api_base(url), fields.get("model"), api_key, fields.get("cache") == "off")
@@ -188,7 +188,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def options_from(args: argparse.Namespace) -> BenchOptions:
     """The settings of parsed arguments; ValueError says which one is wrong."""
-    default_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    default_key = args.api_key or BenchKeySettings().key()
     _check_numbers(args)
     if args.target:
         targets = tuple(parse_target(s, default_key) for s in args.target)

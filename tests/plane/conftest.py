@@ -3,7 +3,6 @@ one of them and record what the server refused."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ import pytest
 from nats.aio.client import Client
 
 from tests.support.nats import NatsServer
+from tests.support.wait import DEFAULT_TIMEOUT_S, holds_within
 
 #: The deployment the tests' server knows: one NATS user per instance, named by its node id.
 NODES = {
@@ -53,15 +53,15 @@ class Conn:
         await self.nc.flush()
         await self.nc.flush()
 
-    async def refused(self, subject: str, timeout_s: float = 2.0) -> bool:
-        """Whether the server reported a permissions violation naming ``subject``."""
+    async def refused(self, subject: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+        """Whether the server reported a permissions violation naming ``subject`` within
+        ``timeout_s`` (short where the test expects none)."""
         await self.sync()
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while asyncio.get_running_loop().time() < deadline:
-            if any("permissions violation" in e and subject.lower() in e for e in self.errors):
-                return True
-            await asyncio.sleep(0.02)
-        return False
+        subject = subject.lower()
+        return await holds_within(
+            lambda: any("permissions violation" in e and subject in e for e in self.errors),
+            timeout_s,
+        )
 
 
 @asynccontextmanager
@@ -85,8 +85,8 @@ async def connect(server: NatsServer, user: str, name: str | None = None) -> Asy
         await nc.close()
 
 
-async def received(messages: Sequence[object], count: int = 1, timeout_s: float = 2.0) -> bool:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while len(messages) < count and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-    return len(messages) >= count
+async def received(
+    messages: Sequence[object], count: int = 1, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> bool:
+    """Whether ``count`` messages arrived within ``timeout_s`` (short where none should)."""
+    return await holds_within(lambda: len(messages) >= count, timeout_s)

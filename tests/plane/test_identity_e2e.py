@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,6 +22,7 @@ from shared.messages import AbortRequest, TokenChunk, encode
 from shared.secrets import read_secret_file
 from tests.e2e.conftest import ALICE_KEY, stack_env
 from tests.e2e.stack import Stack
+from tests.support.wait import wait_for_condition
 
 pytestmark = pytest.mark.slow
 PROMPT = "Count from one to forty in words, separated by commas."
@@ -113,13 +113,15 @@ def test_spoofed_disconnects_and_forged_heartbeats_change_nothing(stack: Stack) 
             status, reference = await complete(client)
             assert status == 200 and reference
             stop = asyncio.Event()
+            rounds = {"spoofed": 0, "forged": 0}  # how far each attack has got
 
             async def spoof_disconnects() -> None:
-                while not stop.is_set():  # about 10 a second, as long as requests run
+                while not stop.is_set():
                     for node in ("decode-0", "decode-1"):
                         async with as_user(stack, "tools", f"crescent-{node}"):
                             pass
-                    await asyncio.sleep(0.1)
+                    rounds["spoofed"] += 1
+                    await asyncio.sleep(0.1)  # the attack's pace: 10 a second while requests run
 
             async def forge_heartbeats() -> list[str]:
                 async with as_user(stack, "decode-1", "crescent-decode-1") as (nc, errors):
@@ -129,14 +131,17 @@ def test_spoofed_disconnects_and_forged_heartbeats_change_nothing(stack: Stack) 
                         await nc.publish(subjects.heartbeats("decode", "decode-0"), encode(forged))
                         # Its own subject, another node's name: dropped by every receiver.
                         await nc.publish(subjects.heartbeats("decode", "decode-1"), encode(forged))
-                        await asyncio.sleep(0.1)
+                        rounds["forged"] += 1
+                        await asyncio.sleep(0.1)  # the attack's pace, not synchronisation
                     await nc.flush()
                     return errors
 
             attacks = [asyncio.create_task(spoof_disconnects())]
             heartbeats = asyncio.create_task(forge_heartbeats())
             moved = await migrations(client)
-            await asyncio.sleep(1.0)
+            await wait_for_condition(
+                lambda: min(rounds.values()) >= 3, "both attacks under way for a few rounds"
+            )
             try:
                 for _ in range(3):
                     status, text = await complete(client, stream=True)
@@ -217,9 +222,7 @@ def test_one_node_cannot_read_another_nodes_hand_offs(stack: Stack) -> None:
                 await nc.subscribe(subject)
             await nc.flush()
             await nc.flush()
-            deadline = time.monotonic() + 3
-            while len(errors) < 6 and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            await wait_for_condition(lambda: len(errors) >= 6, "six refused subscriptions")
             assert len([e for e in errors if "permissions violation" in e]) == 6, errors
 
     asyncio.run(scenario())

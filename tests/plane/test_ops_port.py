@@ -4,6 +4,7 @@ nothing, and closes connections past its cap at once."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 from prometheus_client import CollectorRegistry, Counter
 
 from shared.ops_http import OpsServer
+from tests.support.wait import wait_until
 
 
 @contextmanager
@@ -32,6 +34,23 @@ def idle(server: OpsServer, stack: ExitStack) -> socket.socket:
     return conn
 
 
+def handlers() -> int:
+    """Connection threads of the ops servers in this process; the test's server adds one per
+    connection it holds a slot for (compare with a count taken before)."""
+    return sum(t.name.endswith("(process_request_thread)") for t in threading.enumerate())
+
+
+def still_open(conn: socket.socket) -> bool:
+    """Whether the server has not closed ``conn`` (it sends these idle ones nothing)."""
+    conn.setblocking(False)
+    try:
+        return conn.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    finally:
+        conn.settimeout(5)
+
+
 def healthz(server: OpsServer, timeout_s: float = 1.0) -> tuple[int, bytes, float]:
     started = time.monotonic()
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/healthz", timeout=timeout_s) as r:
@@ -40,9 +59,10 @@ def healthz(server: OpsServer, timeout_s: float = 1.0) -> tuple[int, bytes, floa
 
 def test_healthz_answers_with_fifty_idle_connections_open() -> None:
     with serving() as server, ExitStack() as stack:
+        before = handlers()
         for _ in range(50):
             idle(server, stack)
-        time.sleep(0.2)  # let every idle connection reach the server and take its thread
+        wait_until(lambda: handlers() >= before + 50, "every idle connection to take its thread")
         status, body, seconds = healthz(server)
         assert (status, body) == (200, b"ok\n")
         assert seconds < 1.0
@@ -59,13 +79,13 @@ def test_a_silent_client_is_dropped_after_the_read_timeout() -> None:
 
 
 def test_past_the_cap_a_connection_is_closed_at_once_and_slots_come_back() -> None:
-    with serving(read_timeout_s=0.5, max_connections=4) as server, ExitStack() as stack:
-        for _ in range(4):
-            idle(server, stack)
-        time.sleep(0.2)
+    with serving(read_timeout_s=2.0, max_connections=4) as server, ExitStack() as stack:
+        before = handlers()
+        held = [idle(server, stack) for _ in range(4)]
+        wait_until(lambda: handlers() >= before + 4, "four idle connections to take every slot")
         extra = idle(server, stack)
-        started = time.monotonic()
         assert extra.recv(1024) == b""
-        assert time.monotonic() - started < 0.3  # not after the read timeout
-        time.sleep(0.8)  # the idle ones time out and free their slots
+        # At once, not after the read timeout: the older idle ones are still open.
+        assert all(still_open(conn) for conn in held)
+        wait_until(lambda: handlers() <= before, "the idle ones to time out and free slots")
         assert healthz(server)[:2] == (200, b"ok\n")

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 from shared import subjects
 from tests.plane.conftest import connect, received
 from tests.support.nats import NatsServer
+from tests.support.wait import DEFAULT_TIMEOUT_S
 
 NODES = ("prefill", "decode")
 
@@ -32,8 +33,9 @@ async def deliver(
         await listener.sync()
         assert not listener.errors, f"{receiver} may not listen on {subject}"
         await talker.nc.publish(subject, b"{}")
-        got = await received(arrived, timeout_s=2.0 if allowed else 0.3)
-        refused = await talker.refused(subject, timeout_s=0.3 if allowed else 2.0)
+        # Long where the event should come (a busy host is slow), short where it should not.
+        got = await received(arrived, timeout_s=DEFAULT_TIMEOUT_S if allowed else 0.3)
+        refused = await talker.refused(subject, timeout_s=0.3 if allowed else DEFAULT_TIMEOUT_S)
         return got, refused
 
 

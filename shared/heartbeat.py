@@ -1,4 +1,7 @@
-"""Every service's heartbeat: its NodeStatus on ``heartbeats.<role>.<id>``, every interval."""
+"""Every service's heartbeat: its NodeStatus on ``heartbeats.<role>.<id>``, every interval.
+
+A service registers ``Heartbeat.beat`` as a periodic task (``Lifecycle.every``) whose interval
+is the heartbeat interval."""
 
 from __future__ import annotations
 
@@ -14,35 +17,58 @@ from shared.cluster_messages import NodeStatus
 log = logging.getLogger(__name__)
 
 
+class Heartbeat:
+    """Owns how one service's beat is made and sent.
+
+    Invariant: a beat is ready within ``interval_s``: a status that takes longer (an engine
+    wedged under its lock, say) is replaced by ``fallback()``, which must not wait on anything,
+    so a stuck node still says, in time, that it is unhealthy. None is sent while the bus is
+    down. A beat that fails raises to its caller, which logs it and tries the next one, so a bus
+    hiccup never silences a node.
+    """
+
+    def __init__(
+        self,
+        bus: Bus,
+        interval_s: float,
+        status: Callable[[], Awaitable[NodeStatus]],
+        fallback: Callable[[], NodeStatus],
+    ) -> None:
+        self.bus = bus
+        self.interval_s = interval_s
+        self.status = status
+        self.fallback = fallback
+
+    async def beat(self) -> None:
+        """Makes and publishes one beat."""
+        try:
+            # Not ``wait_for``: on Python 3.11 it can swallow a cancel that comes as the
+            # status completes, and the task then never stops (seen in the tests).
+            async with asyncio.timeout(self.interval_s):
+                beat = await self.status()
+        except TimeoutError:
+            beat = self.fallback()
+            beat.healthy = False
+        beat.ts = time.time()
+        # A beat published while the bus is down waits in the client's buffer and arrives
+        # after reconnection saying stale things; the next one is made fresh.
+        if self.bus.connected:
+            await self.bus.publish(subjects.heartbeats(beat.role, beat.node_id), beat)
+
+
 async def heartbeat_loop(
     bus: Bus,
     interval_s: float,
     status: Callable[[], Awaitable[NodeStatus]],
     fallback: Callable[[], NodeStatus],
 ) -> None:
-    """Publishes ``status()`` every interval until cancelled. A status that takes longer than
-    an interval (an engine wedged under its lock, say) is replaced by ``fallback()``, which
-    must not wait on anything: a stuck node still says, in time, that it is unhealthy. A
-    failed beat is logged and the next one tried, so a bus hiccup never silences a node; none
-    is sent while the bus is down."""
+    """``Heartbeat.beat`` every interval until cancelled, for the node runtime until it
+    registers the beat with its lifecycle; a failed beat is logged and the next one tried."""
+    heart = Heartbeat(bus, interval_s, status, fallback)
     while True:
         started = time.monotonic()
         try:
-            try:
-                # Not ``wait_for``: on Python 3.11 it can swallow a cancel that comes as the
-                # status completes, and the loop then never stops (seen in the tests).
-                async with asyncio.timeout(interval_s):
-                    beat = await status()
-            except TimeoutError:
-                beat = fallback()
-                beat.healthy = False
-            beat.ts = time.time()
-            # A beat published while the bus is down waits in the client's buffer and
-            # arrives after reconnection saying stale things; the next one is made fresh.
-            if bus.connected:
-                await bus.publish(subjects.heartbeats(beat.role, beat.node_id), beat)
-        except asyncio.CancelledError:
-            raise
+            await heart.beat()
         except Exception:
             log.exception("heartbeat failed")
         await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))

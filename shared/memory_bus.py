@@ -15,6 +15,7 @@ import msgspec
 
 from shared import tracing
 from shared.bus import BusRequestError, Handler, NoResponders
+from shared.lifecycle import Tasks
 from shared.messages import WireMessage, decode, encode
 
 log = logging.getLogger(__name__)
@@ -69,9 +70,10 @@ class MemoryBroker:
         self.subs: list[_Sub] = []
         self.drop: Callable[[str, bytes], bool] | None = None
         self._turn = itertools.count()
+        self._pumps = Tasks("memory broker")
 
     def add(self, sub: _Sub) -> None:
-        sub.task = asyncio.get_running_loop().create_task(self._pump(sub))
+        sub.task = self._pumps.spawn(self._pump(sub), f"pump {sub.pattern}")
         self.subs.append(sub)
 
     def remove(self, sub: _Sub) -> None:

@@ -3,7 +3,6 @@ of silent nodes and the ops port."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
@@ -23,6 +22,7 @@ from services.cachemeta.metrics import CacheMetaMetrics
 from services.cachemeta.migrations import upgrade
 from services.cachemeta.repository import DatabaseUnavailable, Repository
 from services.cachemeta.servicer import CacheMetaServicer, TokenCheck
+from shared.lifecycle import Lifecycle
 from shared.ops_http import OpsServer
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
 from shared.rpc.client import MAX_MESSAGE_BYTES
@@ -38,9 +38,10 @@ SERVER_OPTIONS = [
 
 
 class CacheMetaService:
-    """Owns the engine, the catalogue, the gRPC server, the sweeper task and the ops server.
-    Invariant: between ``start`` and ``stop`` the server answers on ``port`` from a catalogue
-    loaded from the database."""
+    """Owns the engine, the catalogue, the gRPC server, the ops server and the lifecycle that
+    runs the sweeper and stops them all in reverse order of their start. Invariant: between
+    ``start`` and ``stop`` the server answers on ``port`` from a catalogue loaded from the
+    database."""
 
     def __init__(self, settings: CacheMetaSettings) -> None:
         self.settings = settings
@@ -53,7 +54,8 @@ class CacheMetaService:
         self.port = 0
         self.database_up = False
         self.sweep_errors = 0  # database checks of the sweeper that failed
-        self._sweeper: asyncio.Task[None] | None = None
+        self.registry = CollectorRegistry()
+        self.lifecycle = Lifecycle("cachemeta", self.registry)
         self._frozen_at = 0  # index size at the last gc.freeze
 
     async def start(self) -> None:
@@ -61,7 +63,9 @@ class CacheMetaService:
         url = make_url(s.db_url)
         if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
             Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        life = self.lifecycle
         self.engine = create_engine(s.db_url)
+        life.on_stop("database engine", self.engine.dispose)
         await upgrade(self.engine)
         self.database_up = True
         catalogue = Catalogue(
@@ -78,8 +82,10 @@ class CacheMetaService:
             report.seconds,
         )
         self.catalogue = catalogue
+        life.on_stop("catalogue", self._drain_catalogue)
         self.keeps = Keeps(catalogue.repository)
         log.info("keep ledger loaded: %d keeps", await self.keeps.load())
+        life.on_stop("keep ledger", self.keeps.drain)
         self._freeze_if_grown()
         self.servicer = CacheMetaServicer(catalogue, self.keeps)
         token = s.cachemeta_token_value()
@@ -92,37 +98,35 @@ class CacheMetaService:
         if self.port == 0:
             raise RuntimeError(f"cannot listen on {s.cachemeta_host}:{s.cachemeta_port}")
         await self.server.start()
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+        life.on_stop("grpc server", self._stop_server)
         if s.metrics_port is not None:
-            registry = CollectorRegistry()
             metrics = CacheMetaMetrics(self)
             self.servicer.on_call = metrics.observe_call
-            registry.register(metrics)
-            self.ops = OpsServer(s.metrics_host, s.metrics_port, self.healthy, registry)
+            self.registry.register(metrics)
+            self.ops = OpsServer(s.metrics_host, s.metrics_port, self.healthy, self.registry)
             self.ops.start()
+            life.on_stop("ops server", self.ops.stop)
+        life.every("sweep", s.sweep_every_s, self._sweep, immediately=False)
+        await life.start()
         log.info("cachemeta serving gRPC on %s:%d", s.cachemeta_host, self.port)
 
     def healthy(self) -> bool:
         """Serving: matches are answered from memory even while the database is away."""
-        return self.server is not None and self._sweeper is not None and not self._sweeper.done()
+        return self.server is not None and self.lifecycle.running
 
     async def stop(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-        if self.server is not None:
-            await self.server.stop(grace=2.0)
-        if self.keeps is not None:
-            await self.keeps.drain()
-        if self.catalogue is not None:
-            await self.catalogue.drain()
-            with contextlib.suppress(Exception):  # best effort: access counts are statistics
-                await self.catalogue.flush_touches()
-        if self.ops is not None:
-            self.ops.stop()
-        if self.engine is not None:
-            await self.engine.dispose()
+        """The sweeper, then the steps registered by ``start``, last started first."""
+        await self.lifecycle.stop()
+
+    async def _stop_server(self) -> None:
+        assert self.server is not None
+        await self.server.stop(grace=2.0)
+
+    async def _drain_catalogue(self) -> None:
+        assert self.catalogue is not None
+        await self.catalogue.drain()
+        with contextlib.suppress(Exception):  # best effort: access counts are statistics
+            await self.catalogue.flush_touches()
 
     def _freeze_if_grown(self) -> None:
         """Moves the index's objects out of the garbage collector's sight once it has grown by
@@ -136,26 +140,26 @@ class CacheMetaService:
             gc.freeze()
             self._frozen_at = size
 
-    async def _sweep_forever(self) -> None:
+    async def _sweep(self) -> None:
+        """Forgets silent nodes and expired keeps; a failure that is not a known outage is
+        counted and raised for the lifecycle to log (the schedule goes on)."""
         assert self.catalogue is not None and self.engine is not None
-        while True:
-            await asyncio.sleep(self.settings.sweep_every_s)
-            try:
-                async with self.engine.connect() as conn:
-                    await conn.execute(text("SELECT 1"))
-                self.database_up = True
-                await self.catalogue.sweep()
-                await self.catalogue.flush_touches()
-                if self.keeps is not None:
-                    await self.keeps.purge()
-                self._freeze_if_grown()
-            except DatabaseUnavailable as exc:
-                self.database_up = False
-                log.warning("sweep skipped: %s", exc)
-            except Exception as exc:  # the sweeper must outlive a database outage
-                self.database_up = False
-                self.sweep_errors += 1
-                log.warning("sweep skipped, database unreachable: %s", exc)
+        try:
+            async with self.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+            self.database_up = True
+            await self.catalogue.sweep()
+            await self.catalogue.flush_touches()
+            if self.keeps is not None:
+                await self.keeps.purge()
+            self._freeze_if_grown()
+        except DatabaseUnavailable as exc:
+            self.database_up = False
+            log.warning("sweep skipped: %s", exc)
+        except Exception:
+            self.database_up = False
+            self.sweep_errors += 1
+            raise
 
 
 def main() -> None:

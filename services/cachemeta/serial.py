@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
+
+from shared.lifecycle import Tasks
 
 T = TypeVar("T")
 
@@ -20,7 +22,7 @@ class SerialChanges:
 
     def __init__(self) -> None:
         self._lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Tasks("cachemeta changes")
 
     async def run(self, change: Callable[[], Awaitable[T]]) -> T:
         """Runs ``change`` alone and to its end, even if the caller stops waiting."""
@@ -29,17 +31,10 @@ class SerialChanges:
             async with self._lock:
                 return await change()
 
-        task = asyncio.get_running_loop().create_task(locked())
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
+        # Its caller takes its failure; one that stopped waiting leaves it unread.
+        task = self._tasks.spawn(locked(), "change", awaited=True)
         return await asyncio.shield(task)
 
     async def drain(self) -> None:
         """Waits for the changes already started (at shutdown)."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _finished(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved here so an abandoned caller leaves no warning
+        await self._tasks.wait()

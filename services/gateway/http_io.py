@@ -15,6 +15,7 @@ from services.gateway import errors
 from services.gateway.errors import ApiError
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.validation import decode_body
+from shared.lifecycle import awaited_task
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -105,8 +106,8 @@ async def wait_for_disconnect(request: Request) -> None:
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Awaits ``work``, cancelling it (which aborts its requests) if the client hangs up."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(wait_for_disconnect(request))
+    task = awaited_task(work, "request work")
+    watcher = awaited_task(wait_for_disconnect(request), "disconnect watch")
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -33,7 +33,8 @@ from services.gateway.traced import TraceRequests
 from shared import subjects
 from shared.bus import Bus, NatsBus
 from shared.cluster_messages import NodeStatus
-from shared.heartbeat import heartbeat_loop
+from shared.heartbeat import Heartbeat
+from shared.lifecycle import Lifecycle
 from shared.liveness import Liveness
 from shared.model.files import resolve_model
 from shared.model.generation_config import sampling_defaults
@@ -44,7 +45,8 @@ log = logging.getLogger("services.gateway")
 
 
 class GatewayService:
-    """The assembled gateway: owns the bus connection and the app built around it."""
+    """The assembled gateway: owns the bus connection, the app built around it, and the
+    lifecycle that runs its heartbeat and stops its parts, last built first."""
 
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
@@ -56,22 +58,28 @@ class GatewayService:
         self.bus: Bus | None = None
         self.dispatcher: Dispatcher | None = None
         self.gateway: Gateway | None = None
-        self._beat: asyncio.Task[None] | None = None
         self.tokenizer: PooledTokenizer | None = None
+        self.metrics = GatewayMetrics()
+        self.lifecycle = Lifecycle("gateway", self.metrics.registry)
 
     async def start(self) -> FastAPI:
         s = self.settings
         files = resolve_model(s.model, s.cache_dir)
+        life = self.lifecycle
         self.tokenizer = tokenizer = PooledTokenizer.load(files.path)
+        life.on_stop("tokenizer", tokenizer.close)
         defaults = sampling_defaults(files.path, s.generation_config, s.override_generation_config)
         self.bus = bus = await connect_bus(
             s.nats_url, f"crescent-{self.gateway_id}", s.nats_connect_timeout_s,
             s.connect_options(),
         )  # fmt: skip
+        life.on_stop("bus", bus.close)
         liveness = Liveness(s.heartbeat_timeout_s, started_at=time.monotonic())
         submit = SubmitPolicy(s.no_scheduler_s, s.submit_timeout_s)
         self.dispatcher = Dispatcher(bus, self.gateway_id, liveness, submit)
         await self.dispatcher.start()
+        # Publishes the aborts still pending before the bus closes.
+        life.on_stop("dispatcher", self.dispatcher.drain)
         builder = RequestBuilder(
             tokenizer,
             s.served_model_name or files.config.model_id,
@@ -83,7 +91,8 @@ class GatewayService:
             tenant_terms=s.tenant_terms,
         )
         builder.grammars  # noqa: B018 - built now, not on the first structured request
-        builder.guard  # noqa: B018
+        if builder.guard is not None:
+            life.on_stop("guard", builder.guard.close)
         recovery = RecoveryPolicy(stall_timeout_s=s.stall_timeout_s, max_resumes=s.max_resumes)
         limits = Limits(s.first_token_timeout_s, s.request_timeout_s, recovery)
         completions = Completions(
@@ -93,13 +102,13 @@ class GatewayService:
             builder=builder,
             completions=completions,
             keys=ApiKeys(s.tenants_by_digest),
-            metrics=GatewayMetrics(),
+            metrics=self.metrics,
             max_request_bytes=s.max_request_bytes,
             created=int(time.time()),
         )
-        self._beat = asyncio.create_task(
-            heartbeat_loop(bus, s.heartbeat_interval_s, self._status, self._status_now)
-        )
+        heart = Heartbeat(bus, s.heartbeat_interval_s, self._status, self._status_now)
+        life.every("heartbeat", s.heartbeat_interval_s, heart.beat)
+        await life.start()
         log.info("serving %s (context %d tokens)", builder.model_name, builder.max_model_len)
         log.info("sampling defaults: %s", defaults.describe())
         if gateway.keys.open:
@@ -128,17 +137,9 @@ class GatewayService:
         return self._status_now()
 
     async def stop(self) -> None:
-        """Publishes the aborts still pending, then drains and closes the bus connection."""
-        if self._beat is not None:
-            self._beat.cancel()
-        if self.dispatcher is not None:
-            await self.dispatcher.drain()
-        if self.bus is not None:
-            await self.bus.close()
-        if self.gateway is not None and self.gateway.builder.guard is not None:
-            self.gateway.builder.guard.close()
-        if self.tokenizer is not None:
-            self.tokenizer.close()
+        """Ends the heartbeat, then runs the steps ``start`` registered, last built first:
+        the pending aborts are published before the bus closes."""
+        await self.lifecycle.stop()
 
 
 def _add_status_routes(app: FastAPI, feed: StatusFeed) -> None:

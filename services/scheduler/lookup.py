@@ -24,6 +24,7 @@ from shared.kv.hashing import (
     root_hash,
     scope_salt,
 )
+from shared.lifecycle import Tasks
 from shared.rpc.types import KeepGrant, PrefixHolder
 
 log = logging.getLogger(__name__)
@@ -134,6 +135,8 @@ class PrefixLookup:
         self._retry_at = 0.0
         self._pending: list[BlockHash] = []  # touched since the last batch went out
         self._flush: asyncio.Task[None] | None = None
+        # Lookups left behind by their budget still end; touch batches wait to go out.
+        self._tasks = Tasks("prefix lookup")
 
     async def match(
         self, block_hashes: Sequence[BlockHash], budget_s: float | None = None
@@ -144,11 +147,10 @@ class PrefixLookup:
         ``budget``), though a slow cachemeta is not taken for a failed one."""
         if budget_s is None or budget_s >= self.timeout_s:
             return await self._match(block_hashes)
-        lookup = asyncio.ensure_future(self._match(block_hashes))
+        lookup = self._tasks.spawn(self._match(block_hashes), "prefix match")
         done, _ = await asyncio.wait({lookup}, timeout=budget_s)
         if done:
             return lookup.result()
-        lookup.add_done_callback(_ignore)
         self.on_fallback("budget")
         return []
 
@@ -191,14 +193,12 @@ class PrefixLookup:
             return
         self._pending.extend(block_hashes)
         if self._flush is None:
-            self._flush = asyncio.create_task(self._send_touches(self.index))
+            self._flush = self._tasks.spawn(self._send_touches(self.index), "send touches")
 
     async def close(self) -> None:
         """Sends the touches gathered so far, then stops."""
-        if self._flush is not None:
-            self._flush.cancel()
-            await asyncio.gather(self._flush, return_exceptions=True)
-            self._flush = None
+        self._flush = None
+        await self._tasks.close()  # the batch's wait, and lookups their budget left behind
         if self._pending and self.index is not None and not self.down:
             await self._send(self.index, self._take_pending())
 
@@ -228,9 +228,3 @@ class PrefixLookup:
                 detail,
                 exc_info=exc,
             )
-
-
-def _ignore(task: asyncio.Future[list[PrefixHolder]]) -> None:
-    """A lookup nobody waits for any more still ends; its result (or failure) is dropped."""
-    if not task.cancelled():
-        task.exception()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 
@@ -18,7 +17,8 @@ from services.scheduler.placer import PlacementOptions
 from shared import subjects
 from shared.bus import Bus, NatsBus, Subscription
 from shared.cluster_messages import NodeStatus
-from shared.heartbeat import heartbeat_loop
+from shared.heartbeat import Heartbeat
+from shared.lifecycle import Lifecycle
 from shared.messages import GenerateRequest
 from shared.nats_auth import own_id
 from shared.ops_http import OpsServer
@@ -53,7 +53,7 @@ class SchedulerService:
         self.metrics: SchedulerMetrics | None = None
         self.handlers: SchedulerHandlers | None = None
         self.requests: Subscription | None = None
-        self._beat: asyncio.Task[None] | None = None
+        self.lifecycle: Lifecycle | None = None  # runs the heartbeat
 
     async def start(self) -> None:
         s = self.settings
@@ -99,9 +99,10 @@ class SchedulerService:
         self.requests = await bus.serve(
             subjects.REQUESTS, GenerateRequest, handlers.on_request, queue=subjects.SCHEDULER_QUEUE
         )
-        self._beat = asyncio.create_task(
-            heartbeat_loop(bus, s.heartbeat_interval_s, self._status, self._status_now)
-        )
+        self.lifecycle = Lifecycle("scheduler", metrics.registry)
+        heart = Heartbeat(bus, s.heartbeat_interval_s, self._status, self._status_now)
+        self.lifecycle.every("heartbeat", s.heartbeat_interval_s, heart.beat)
+        await self.lifecycle.start()
 
     async def _learn_cluster(self, view: ClusterView, timeout_s: float) -> None:
         """Listens to heartbeats before taking requests, so a replica that just started does
@@ -131,10 +132,8 @@ class SchedulerService:
         if self.handlers is not None:
             await self._drain(self.handlers)
             await self.handlers.lookup.close()
-        if self._beat is not None:
-            self._beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._beat
+        if self.lifecycle is not None:
+            await self.lifecycle.stop()
         if self.index is not None:
             await self.index.close()
         if self.bus is not None:

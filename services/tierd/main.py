@@ -1,14 +1,10 @@
 """Wires tierd: settings, stores, catalogue session, bus subscriptions, transfer server, the
-sink, upkeep and heartbeat loops, and the ops port."""
+sink, upkeep and heartbeat tasks, and the ops port."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import uuid
-from collections.abc import Coroutine
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -34,11 +30,12 @@ from shared.cluster_messages import (
     PinRequest,
     PrefetchRequest,
 )
-from shared.heartbeat import heartbeat_loop
+from shared.heartbeat import Heartbeat
 from shared.kv.block_file import BlockHeader
 from shared.kv.hashing import quota_key, scope_salt
 from shared.kv.keep_watch import KeepWatch
 from shared.kv.seal import BlockSeal
+from shared.lifecycle import Lifecycle
 from shared.ops_http import OpsServer
 from shared.rpc.client import CacheMetaClient
 from shared.rpc.types import TierCapacity
@@ -50,7 +47,8 @@ log = logging.getLogger(__name__)
 
 class TierdService:
     """Owns one host's tier daemon: its stores, catalogue session, bus connection, transfer
-    server and the tasks that run them. ``bus`` replaces the NATS connection (tests)."""
+    server, and the lifecycle that runs their tasks and stops them, last started first.
+    ``bus`` replaces the NATS connection (tests)."""
 
     def __init__(self, settings: TierdSettings, bus: Bus | None = None) -> None:
         s = self.settings = settings
@@ -58,7 +56,8 @@ class TierdService:
         self.host_id = s.resolved_host_id()
         self.epoch = uuid.uuid4().hex[:16]
         self._bus = bus
-        self.tasks: list[asyncio.Task[None]] = []
+        self.registry = CollectorRegistry()
+        self.lifecycle = Lifecycle("tierd", self.registry)
         self.ops: OpsServer | None = None
         s3_config = s.s3_config()
         nvme_seal = BlockSeal(s.cache_secret, NVME, encrypt=s.nvme_encrypt)
@@ -77,14 +76,18 @@ class TierdService:
         self.tiering = Tiering(self.nvme, self.s3, self.holdings, self.catalogue, _limits(s))
         self.reader = TierReader(self.tiering)
         self.keeps = KeepWatch(self.client, self._follow_keeps)
+        if self.s3 is not None:
+            self.lifecycle.on_stop("s3", self.s3.close)
+        self.lifecycle.on_stop("catalogue", self.catalogue.leave)
         self.staging = Staging(s.staging_mb * MB, s.lease_ttl_s)
         self.server: TransferServer = create_server(
             s.transfer, self.staging.provide, s.transfer_host
         )
 
     async def start(self) -> None:
-        s = self.settings
+        s, life = self.settings, self.lifecycle
         await self.server.start()
+        life.on_stop("transfer server", self.server.close)
         await self.tiering.reconcile()
         if self._bus is None:
             name = f"crescent-{self.node_id}"
@@ -98,6 +101,9 @@ class TierdService:
         self.sinker = Sinker(
             bus, self.tiering, self.host_id, self.epoch, policy, self.nvme.seal.checksum
         )
+        life.on_stop("sinker", self.sinker.close)
+        life.on_stop("handlers", handlers.close)
+        life.on_stop("bus", bus.close)  # first: no new work arrives while the rest stops
         node = self.node_id
         await bus.serve(subjects.peer_pins(node), PinRequest, handlers.on_pin)
         await bus.subscribe(subjects.lease_releases(node), LeaseRelease, handlers.on_release)
@@ -105,25 +111,25 @@ class TierdService:
         await bus.subscribe(subjects.corrupt_reports(node), CorruptBlocks, handlers.on_corrupt)
         for role in ("prefill", "decode"):
             await bus.watch(subjects.heartbeats(role, "*"), NodeStatus, self.sinker.on_heartbeat)
-        self._spawn(self.catalogue.run())
-        self._spawn(self.keeps.run())
-        self._spawn(self.sinker.run())
-        self._spawn(handlers.upkeep())
-        self._spawn(
-            heartbeat_loop(bus, s.heartbeat_interval_s, handlers.status, handlers.status_now)
-        )
+        # These three loops handle their own failures; RESTART covers one that escapes.
+        life.run("catalogue", self.catalogue.run)
+        life.run("sinker", self.sinker.run)
+        life.run("upkeep", handlers.upkeep)
+        life.every("keeps", self.keeps.interval_s, self.keeps.poll)
+        heart = Heartbeat(bus, s.heartbeat_interval_s, handlers.status, handlers.status_now)
+        life.every("heartbeat", s.heartbeat_interval_s, heart.beat)
         if s.metrics_port is not None:
-            registry = CollectorRegistry()
             metrics = TierdMetrics(
                 node, self.tiering, self.reader, self.sinker, self.staging, s.eviction_policy
             )
-            registry.register(metrics)
-            self.ops = OpsServer(s.metrics_host, s.metrics_port, lambda: bus.connected, registry)
+            self.registry.register(metrics)
+            self.ops = OpsServer(
+                s.metrics_host, s.metrics_port, lambda: bus.connected, self.registry
+            )
             self.ops.start()
+            life.on_stop("ops server", self.ops.stop)
+        await life.start()
         log.info("tierd %s serving host %s (NVMe %s)", node, self.host_id, s.nvme_dir)
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        self.tasks.append(asyncio.create_task(work))
 
     async def _follow_keeps(self, keeps: dict[bytes, float], asked_at: float) -> None:
         """The ledger moved: the blocks it keeps are spared from now on, the others not."""
@@ -140,22 +146,8 @@ class TierdService:
         return caps
 
     async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self._bus is not None:
-            await self._bus.close()
-        if hasattr(self, "handlers"):
-            await self.handlers.close()
-            await self.sinker.close()
-        await self.catalogue.leave()
-        if self.s3 is not None:
-            await self.s3.close()
-        await self.server.close()
-        if self.ops is not None:
-            self.ops.stop()
+        """Ends the tasks, then runs the steps ``start`` registered, last started first."""
+        await self.lifecycle.stop()
 
 
 def _limits(s: TierdSettings) -> Limits:

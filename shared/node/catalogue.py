@@ -50,24 +50,33 @@ class CatalogueSync:
         self._outage = False
 
     async def run(self) -> None:
-        """Syncs until cancelled; a failed round is logged once per outage and retried."""
+        """``tick`` every ``sync_interval_s`` until cancelled (until the node registers
+        ``tick`` with its lifecycle)."""
         while True:
             try:
-                await self.sync_once()
-                if self._outage:
-                    log.info("cachemeta is reachable again; catalogue resynced")
-                self._outage = False
-            except (CacheMetaUnavailable, CacheMetaError) as exc:
-                self.in_step = False
-                if not self._outage:
-                    log.warning("cachemeta sync failed (%s); will resync when it is back", exc)
-                self._outage = True
-            except asyncio.CancelledError:
-                raise
+                await self.tick()
             except Exception:
-                self.in_step = False
                 log.exception("cachemeta sync failed")
             await asyncio.sleep(self.sync_interval_s)
+
+    async def tick(self) -> None:
+        """One sync round. While cachemeta cannot be reached the failure is logged once per
+        outage and the next round resyncs; any other failure also forces a resync, and is
+        raised for the lifecycle to log and count."""
+        try:
+            await self.sync_once()
+        except (CacheMetaUnavailable, CacheMetaError) as exc:
+            self.in_step = False
+            if not self._outage:
+                log.warning("cachemeta sync failed (%s); will resync when it is back", exc)
+            self._outage = True
+            return
+        except Exception:
+            self.in_step = False
+            raise
+        if self._outage:
+            log.info("cachemeta is reachable again; catalogue resynced")
+        self._outage = False
 
     async def sync_once(self) -> None:
         now = time.monotonic()
@@ -80,7 +89,7 @@ class CatalogueSync:
             await self._resync()
             return
         stored, evicted = await self.engine.drain_events()
-        # A failure from here on loses these events; in_step=False (set by run) recovers.
+        # A failure from here on loses these events; in_step=False (set by tick) recovers.
         self.in_step = False
         if evicted:
             await self.client.drop_blocks(self.node_id, TIER, evicted)

@@ -16,6 +16,7 @@ from shared.engine.cache_exchange import CachedBlock, PrefixImport
 from shared.engine.engine import LLMEngine
 from shared.engine.types import EngineLoad, EngineStats, ImportSlot, RequestOutput, StepTiming
 from shared.kv.hashing import BlockHash
+from shared.lifecycle import awaited_task
 from shared.node.step_loop import StepLoop
 from shared.sampling_params import SamplingParams
 
@@ -97,7 +98,8 @@ class EngineHost:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._task = asyncio.create_task(self._deliveries(), name="engine-deliveries")
+        # Its owner awaits it in ``stop``, and ``_loop_done`` reports its failure.
+        self._task = awaited_task(self._deliveries(), "engine-deliveries")
         self._task.add_done_callback(self._loop_done)
         self._steps.start().add_done_callback(self._steps_done)
 

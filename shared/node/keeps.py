@@ -33,7 +33,17 @@ class NodeKeeps:
         self.keeps_ended = 0
 
     async def run(self) -> None:
+        """``tick`` every ``interval_s`` (until the node registers ``tick`` with its
+        lifecycle)."""
         await self.watch.run()
+
+    @property
+    def interval_s(self) -> float:
+        return self.watch.interval_s
+
+    async def tick(self) -> None:
+        """Reads the ledger once and follows it if it moved."""
+        await self.watch.poll()
 
     async def _follow(self, ledger: dict[bytes, float], asked_at: float) -> None:
         engine = self.engine

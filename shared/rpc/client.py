@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import grpc
 
 from shared.errors import CrescentError
+from shared.lifecycle import Tasks
 from shared.rpc import cachemeta_pb2 as pb
 from shared.rpc import cachemeta_pb2_grpc as pb_grpc
 from shared.rpc.credentials import channel_credentials, open_channel
@@ -105,7 +106,7 @@ class CacheMetaClient:
         self._channel: grpc.aio.Channel | None = None
         self._channel_born = 0.0  # monotonic time the current channel was made
         self._stub: pb_grpc.CacheMetaStub | None = None
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing = Tasks("cachemeta client")
         self._closed = False
         self._metadata = ((AUTH_METADATA, f"Bearer {token}"),) if token else None
         credentials, options = channel_credentials(target, from_env() if tls is None else tls)
@@ -250,8 +251,7 @@ class CacheMetaClient:
         channel, self._channel, self._stub = self._channel, None, None
         if channel is not None:
             await channel.close()
-        if self._closing:
-            await asyncio.gather(*self._closing, return_exceptions=True)
+        await self._closing.wait()
 
     async def _call(
         self,
@@ -309,9 +309,7 @@ class CacheMetaClient:
             return
         self._channel = None
         self._stub = None
-        task = asyncio.get_running_loop().create_task(current.close(grace=self.timeout_s))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._closing.spawn(current.close(grace=self.timeout_s), "close a channel")
 
 
 def _chunks(count: int) -> range:

@@ -24,6 +24,7 @@ import logging
 import socket
 import ssl
 
+from shared.lifecycle import Tasks
 from shared.tls import TlsSettings, from_env
 from shared.transfer.base import (
     DEFAULT_SEND_TIMEOUT_S,
@@ -113,6 +114,7 @@ class TcpTransferServer:
         self._max_connections = max_connections
         self._sock: socket.socket | None = None
         self._address = b""
+        self._tasks = Tasks("tcp transfer server")
         self._workers: list[asyncio.Task[None]] = []  # accepting, sweeping
         self._conns: dict[socket.socket, asyncio.Task[None]] = {}
         self._deadlines = Deadlines(idle_timeout_s, read_timeout_s)
@@ -153,8 +155,8 @@ class TcpTransferServer:
             raise TransferError(f"no address to publish for {self._host!r}: {exc}") from exc
         self._sock = sock
         self._workers = [
-            asyncio.create_task(self._accept_loop(sock)),
-            asyncio.create_task(self._sweep()),
+            self._tasks.spawn(self._accept_loop(sock), "accept"),
+            self._tasks.spawn(self._sweep(), "sweep"),
         ]
 
     async def close(self) -> None:
@@ -184,7 +186,7 @@ class TcpTransferServer:
                 continue
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            task = asyncio.create_task(self._serve(conn))
+            task = self._tasks.spawn(self._serve(conn), "serve")
             self._conns[conn] = task
             task.add_done_callback(functools.partial(self._forget, conn))
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Sequence
 
 import numpy as np
 
+from shared.lifecycle import Tasks
 from shared.transfer.base import (
     DEFAULT_SEND_TIMEOUT_S,
     BlockProvider,
@@ -48,7 +50,7 @@ class UcxTransferServer:
         self._send_timeout_s = send_timeout_s
         self._address = b""
         self._receiver: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = Tasks("ucx transfer server")  # the receiver, and answers being sent
         self._closing = False
         self.bytes_sent = 0
         self.blocks_sent = 0
@@ -65,7 +67,7 @@ class UcxTransferServer:
             raise TransferError("a UCX transfer server is already running in this process")
         self._address = ADDRESS_PREFIX + self._ucx.attach()
         _serving = self
-        self._receiver = asyncio.create_task(self._receive_requests())
+        self._receiver = self._tasks.spawn(self._receive_requests(), "receive")
 
     async def close(self) -> None:
         global _serving
@@ -76,12 +78,10 @@ class UcxTransferServer:
         # Pulls in flight finish first: their clients read this process's memory directly, and
         # a server vanishing in the middle of such a read fails their pulls (or, with error
         # handling off, aborts them).
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=_DRAIN_S)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_DRAIN_S):
+                await self._tasks.wait()
+        await self._tasks.close()
         _serving = None
 
     async def _wake_receiver(self) -> None:
@@ -121,9 +121,7 @@ class UcxTransferServer:
                 continue
             # Answered right here, not in a task of its own: the client is already waiting,
             # and a task would start only on a later turn of the loop.
-            task = asyncio.create_task(self._deliver(request, *self._answer(request)))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._deliver(request, *self._answer(request)), "deliver")
 
     def _answer(self, request: PullRequest) -> tuple[Answer, Posted | Exception]:
         """Posts the blocks and the reply; returns the answer and its sends, or why not."""

@@ -2,45 +2,28 @@
 ``asyncio.TaskGroup``, one-shot hand-offs that are tracked until they end, an error policy per
 task, a failure count per task name, and an ordered stop.
 
-This module is the only place in the services that starts asyncio tasks.
+This module is the only place in the services that starts asyncio tasks; what a named task does
+between its runs is ``shared.task_policy``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import inspect
 import logging
-import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 import prometheus_client
 
+from shared.task_policy import Interval, OnError, TaskFailed, Tick, Work, long_running, periodic
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-#: How long a restarted task waits after its first failure in a row; doubled per failure
-#: up to ``RESTART_MAX_S``, so a task that fails at once on every start does not spin.
-RESTART_MIN_S = 0.1
-RESTART_MAX_S = 5.0
 #: The longest one stop step may take before the next one runs.
 STOP_STEP_S = 10.0
-Interval = float | Callable[[], float]
 StopStep = Callable[[], Awaitable[None] | None]
-Tick = Callable[[], Awaitable[object]]
-
-
-class OnError(enum.Enum):
-    """What a task's failure does, besides being logged and counted."""
-
-    RESTART = "restart"  # run the task again after a short backoff
-    FATAL = "fatal"  # stop the whole service; ``wait`` raises
-    LOG = "log"  # periodic tasks keep their schedule; a long-running one ends
-
-
-class TaskFailed(Exception):
-    """A task under ``OnError.FATAL`` failed; its error is the cause."""
 
 
 def awaited_task(work: Awaitable[T], name: str = "") -> asyncio.Task[T]:
@@ -162,19 +145,21 @@ class Lifecycle:
         """A named periodic task: ``tick()`` every interval (measured start to start, read
         again before each wait when it is a callable); a tick that raises is logged and counted
         and, unless ``on_error`` is FATAL, the schedule goes on; cancellation ends it."""
-        self._add(name, lambda: self._periodic(name, interval_s, tick, on_error, immediately))
+        self._add(
+            name, lambda: periodic(name, interval_s, tick, on_error, immediately, self._failed)
+        )
 
     def run(
         self,
         name: str,
-        work: Callable[[], Awaitable[None]],
+        work: Work,
         *,
         on_error: OnError = OnError.RESTART,
     ) -> None:
         """A named long-running task (a receive loop); if it returns or raises, that is logged
         and counted, then it is run again (RESTART), the service stopped (FATAL) or left ended
         (LOG)."""
-        self._add(name, lambda: self._long(name, work, on_error))
+        self._add(name, lambda: long_running(name, work, on_error, self._failed))
 
     def spawn(self, work: Coroutine[Any, Any, T], name: str = "") -> asyncio.Task[T]:
         """One-shot work nobody waits for (a hand-off): tracked until it ends; a failure is
@@ -216,6 +201,11 @@ class Lifecycle:
             self._stopped = True
             await self._run_steps()
 
+    @property
+    def running(self) -> bool:
+        """Between ``start`` and ``stop`` (or a FATAL failure)."""
+        return self._group is not None
+
     def _add(self, name: str, body: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._stopped:
             raise RuntimeError(f"{self.service} is stopped; cannot add task {name}")
@@ -256,42 +246,6 @@ class Lifecycle:
             except Exception:
                 log.exception("%s: stop step %s failed", self.service, name)
 
-    # -- task bodies --------------------------------------------------------------------
-
-    async def _periodic(
-        self, name: str, interval_s: Interval, tick: Tick, on_error: OnError, immediately: bool
-    ) -> None:
-        streak = 0
-        if not immediately:
-            await asyncio.sleep(_seconds(interval_s))
-        while True:
-            started = time.monotonic()
-            try:
-                await tick()
-                streak = 0
-            except Exception as exc:
-                streak += 1
-                self._failed(name, exc, streak, on_error)
-            await asyncio.sleep(max(0.0, _seconds(interval_s) - (time.monotonic() - started)))
-
-    async def _long(
-        self, name: str, work: Callable[[], Awaitable[None]], on_error: OnError
-    ) -> None:
-        streak = 0
-        while True:
-            started = time.monotonic()
-            try:
-                await work()
-                exc: Exception = RuntimeError(f"task {name} returned")
-            except Exception as raised:
-                exc = raised
-            # A run that lasted past the longest backoff was not a failure in a row.
-            streak = 1 if time.monotonic() - started > RESTART_MAX_S else streak + 1
-            self._failed(name, exc, streak, on_error)
-            if on_error is OnError.LOG:
-                return
-            await asyncio.sleep(min(RESTART_MAX_S, RESTART_MIN_S * 2 ** (streak - 1)))
-
     def _failed(self, name: str, exc: Exception, streak: int, on_error: OnError) -> None:
         self._count(name)
         if streak == 1 or on_error is OnError.FATAL:
@@ -311,7 +265,3 @@ class Lifecycle:
 
 class _Stopping(Exception):
     """Leaves the TaskGroup, which cancels its tasks and waits for them."""
-
-
-def _seconds(interval_s: Interval) -> float:
-    return interval_s() if callable(interval_s) else interval_s

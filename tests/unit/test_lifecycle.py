@@ -12,7 +12,7 @@ from typing import TypeVar
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shared import lifecycle
+from shared import task_policy
 from shared.background import Background
 from shared.lifecycle import Lifecycle, OnError, TaskFailed
 
@@ -88,7 +88,7 @@ def test_an_interval_read_from_a_callable_and_a_first_tick_only_after_it() -> No
 def test_a_long_running_task_is_restarted_after_it_fails_or_returns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(lifecycle, "RESTART_MIN_S", 0.0)
+    monkeypatch.setattr(task_policy, "RESTART_MIN_S", 0.0)
 
     async def scenario() -> tuple[int, int]:
         life = Lifecycle("svc")

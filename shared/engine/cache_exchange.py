@@ -68,7 +68,6 @@ class CacheExchange:
         self.block_size = block_size
         self._root = root
         self._checksum = checksum
-        self._pins: dict[str, list[KVBlock]] = {}
 
     def drain_events(self) -> tuple[list[CachedBlock], list[BlockHash]]:
         """Blocks cached and hashes evicted since the last drain (or snapshot)."""
@@ -97,38 +96,29 @@ class CacheExchange:
             count += 1
         return count
 
-    def pin(self, pin_id: str, hashes: list[BlockHash]) -> list[tuple[int, int]]:
+    def pin(self, hashes: list[BlockHash]) -> list[tuple[int, int]]:
         """Holds the leading blocks of ``hashes`` that are cached here, for a peer to pull;
-        returns ``(block_id, checksum)`` of each, possibly none."""
+        returns ``(block_id, checksum)`` of each, possibly none. The caller owns the pin: it
+        ends it once with ``unpin`` of the same block ids."""
         blocks = [self.pool.get_cached_block(h) for h in hashes[: self.num_leading_cached(hashes)]]
         held = [b for b in blocks if b is not None]
         if not held:
             return []
         self.pool.touch(held)
-        self._pins[pin_id] = held
         return [(b.block_id, self._entry(b).checksum) for b in held]
 
-    def unpin(self, pin_id: str) -> bool:
-        held = self._pins.pop(pin_id, None)
-        if held is None:
-            return False
-        self.pool.free(held)
-        return True
+    def unpin(self, block_ids: list[int]) -> None:
+        """Ends a pin (``pin`` or ``offer_sink``) of these blocks: they stay cached."""
+        self.pool.free([self.pool.blocks[i] for i in block_ids])
 
-    @property
-    def num_pins(self) -> int:
-        return len(self._pins)
-
-    def offer_sink(
-        self, pin_id: str, max_blocks: int, skip: Callable[[BlockHash], bool]
-    ) -> list[CachedBlock]:
+    def offer_sink(self, max_blocks: int, skip: Callable[[BlockHash], bool]) -> list[CachedBlock]:
         """Pins up to ``max_blocks`` cached blocks no lower tier holds yet (``skip`` leaves
         out those already on their way down), for tierd to copy: kept blocks first (a copy
         below is what keeps them if this node dies), then the coldest unreferenced ones.
 
         At most a quarter of the free blocks are pinned at once, so a sink never keeps the
         pool from admitting a request (kept blocks are held already and take none); the pin
-        lasts only as long as the copy.
+        lasts only as long as the copy, and its caller ends it with ``unpin``.
         """
 
         def wanted(block: KVBlock) -> bool:
@@ -145,7 +135,6 @@ class CacheExchange:
         if not chosen:
             return []
         self.pool.touch(chosen)
-        self._pins[pin_id] = chosen
         return [self._entry(b) for b in chosen]
 
     def begin_import(

@@ -113,7 +113,5 @@ class CatalogueSync:
         ]
 
     def _tiers(self) -> list[TierCapacity]:
-        pool = self.engine.engine.pool
-        # Blocks holding KV someone may want: referenced ones and cached ones (which overlap).
-        used = min(pool.num_blocks, pool.num_blocks - pool.num_free_blocks + pool.num_cached_blocks)
-        return [TierCapacity(TIER, pool.num_blocks * self.block_bytes, used * self.block_bytes)]
+        total, used = self.engine.pool_usage()
+        return [TierCapacity(TIER, total * self.block_bytes, used * self.block_bytes)]

@@ -13,10 +13,12 @@ from typing import TypeVar
 
 from shared.cluster_messages import MAX_FINISHING
 from shared.engine.cache_exchange import CachedBlock, PrefixImport
+from shared.engine.config import EngineConfig
 from shared.engine.engine import LLMEngine
 from shared.engine.types import EngineLoad, EngineStats, ImportSlot, RequestOutput, StepTiming
 from shared.kv.hashing import BlockHash
 from shared.lifecycle import awaited_task
+from shared.model.kv_cache import PagedKVCache
 from shared.node.step_loop import StepLoop
 from shared.sampling_params import SamplingParams
 
@@ -132,6 +134,37 @@ class EngineHost:
         return self.engine.model_id
 
     @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def cache(self) -> PagedKVCache:
+        """The KV tensor pulls write into and the block server reads from."""
+        return self.engine.runner.cache
+
+    @property
+    def block_bytes(self) -> int:
+        return self.engine.runner.cache.layout.block_bytes
+
+    def block_checksums(self, block_ids: list[int]) -> list[int]:
+        """The checksums of blocks no running sequence writes (held or cached ones), in the
+        node's key; safe off the engine thread."""
+        cache, checksum = self.engine.runner.cache, self.engine.checksum
+        return [checksum(cache.block_buffer(b).data) for b in block_ids]
+
+    def pool_usage(self) -> tuple[int, int]:
+        """(blocks in the pool, blocks holding KV someone may want: referenced or cached).
+        Read without the lock: two counters, a beat's worth of staleness is fine."""
+        pool = self.engine.pool
+        used = pool.num_blocks - pool.num_free_blocks + pool.num_cached_blocks
+        return pool.num_blocks, min(pool.num_blocks, used)
+
+    async def follow_keeps(self, ledger: dict[bytes, float], asked_at: float) -> int:
+        """Applies the tenants' keep ledger to the pool; returns how many keeps ended."""
+        keeps = self.engine.keeps
+        return await self._book(lambda: keeps.follow(ledger, asked_at, time.time()))
+
+    @property
     def last_step_s(self) -> float:
         """How long the last engine step took, timed on the engine's thread."""
         return self._steps.last_step_s
@@ -198,16 +231,17 @@ class EngineHost:
     async def release_held(self, request_id: str) -> bool:
         return await self._book(lambda: self.engine.release_held(request_id))
 
-    async def pin(self, pin_id: str, hashes: list[BlockHash]) -> list[tuple[int, int]]:
-        return await self._book(lambda: self.engine.exchange.pin(pin_id, hashes))
+    async def pin(self, hashes: list[BlockHash]) -> list[tuple[int, int]]:
+        """Pins the leading cached blocks of ``hashes``; the caller's lease owns the pin."""
+        return await self._book(lambda: self.engine.exchange.pin(hashes))
 
-    async def unpin(self, pin_id: str) -> bool:
-        return await self._book(lambda: self.engine.exchange.unpin(pin_id))
+    async def unpin(self, block_ids: list[int]) -> None:
+        await self._book(lambda: self.engine.exchange.unpin(block_ids))
 
     async def offer_sink(
-        self, pin_id: str, max_blocks: int, skip: Callable[[BlockHash], bool]
+        self, max_blocks: int, skip: Callable[[BlockHash], bool]
     ) -> list[CachedBlock]:
-        return await self._book(lambda: self.engine.exchange.offer_sink(pin_id, max_blocks, skip))
+        return await self._book(lambda: self.engine.exchange.offer_sink(max_blocks, skip))
 
     async def mark_sunk(self, hashes: list[BlockHash]) -> int:
         return await self._book(lambda: self.engine.pool.mark_sunk(hashes))

@@ -7,12 +7,10 @@ their time (``shared.kv.keeps.PoolKeeps``); this only brings the pool in line wi
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 
-from shared.engine.engine import LLMEngine
 from shared.kv.keep_watch import KEEP_SYNC_S, KeepLedgerReader, KeepWatch
+from shared.node.engine_host import EngineHost
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +24,7 @@ class NodeKeeps:
     """
 
     def __init__(
-        self, engine: LLMEngine, reader: KeepLedgerReader, interval_s: float = KEEP_SYNC_S
+        self, engine: EngineHost, reader: KeepLedgerReader, interval_s: float = KEEP_SYNC_S
     ) -> None:
         self.engine = engine
         self.watch = KeepWatch(reader, self._follow, interval_s)
@@ -46,13 +44,7 @@ class NodeKeeps:
         await self.watch.poll()
 
     async def _follow(self, ledger: dict[bytes, float], asked_at: float) -> None:
-        engine = self.engine
-
-        def follow() -> int:
-            with engine.lock:
-                return engine.keeps.follow(ledger, asked_at, time.time())
-
-        ended = await asyncio.to_thread(follow)
+        ended = await self.engine.follow_keeps(ledger, asked_at)
         if ended:
             log.info("%d kept blocks let go: their keeps ended", ended)
         self.keeps_ended += ended

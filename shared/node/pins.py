@@ -54,12 +54,11 @@ class BlockServer:
         hashes = request.block_hashes[: self.MAX_PIN_BLOCKS]
         if any(len(h) != HASH_BYTES for h in hashes):
             hashes = []
-        lease = self.leases.grant(LeaseKind.PEER_PIN, time.monotonic())
-        pinned = await self.engine.pin(lease.token, hashes) if hashes else []
+        pinned = await self.engine.pin(hashes) if hashes else []
         if not pinned:
-            self.leases.release(lease.token)
             return self._reply("", [])
-        lease.block_ids = [b for b, _ in pinned]
+        block_ids = [b for b, _ in pinned]
+        lease = self.leases.grant(LeaseKind.PEER_PIN, time.monotonic(), block_ids)
         self.pins_served += 1
         return self._reply(lease.token, pinned)
 
@@ -83,7 +82,7 @@ class BlockServer:
         """Lets the blocks of a lease the table handed out go: unpins a pin, returns a held
         prefill's blocks to the pool (they stay in the prefix cache either way)."""
         if lease.pinned:
-            await self.engine.unpin(lease.token)
+            await self.engine.unpin(lease.block_ids)
         else:
             await self.engine.release_held(lease.request_id)
 

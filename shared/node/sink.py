@@ -62,12 +62,10 @@ class SinkServer:
             await self.engine.forget_sunk()
         self._forget_stale(now)
         skip = frozenset(self.state.offered)
-        lease = self.leases.grant(LeaseKind.SINK_OFFER, now)
-        offered = await self.engine.offer_sink(lease.token, request.max_blocks, skip.__contains__)
+        offered = await self.engine.offer_sink(request.max_blocks, skip.__contains__)
         if not offered:
-            self.leases.release(lease.token)
             return self._offer("", [])
-        lease.block_ids = [b.block_id for b in offered]
+        lease = self.leases.grant(LeaseKind.SINK_OFFER, now, [b.block_id for b in offered])
         for block in offered:
             self.state.offered[block.block_hash] = now
         self.blocks_offered += len(offered)

@@ -14,7 +14,7 @@ from shared.bus import BusRequestError, NoResponders
 from shared.messages import GatewayCheck, GatewayCheckReply
 
 if TYPE_CHECKING:
-    from shared.node.runtime import NodeRuntime
+    from shared.node.serving import NodeServing
 
 log = logging.getLogger(__name__)
 TICK_S = 0.5
@@ -31,7 +31,7 @@ class Upkeep:
     (or at once, when NATS says nobody serves that gateway's subject).
     """
 
-    def __init__(self, node: NodeRuntime) -> None:
+    def __init__(self, node: NodeServing) -> None:
         self.node = node
         self.missed: dict[str, int] = {}
         self._last_check = 0.0
@@ -49,8 +49,8 @@ class Upkeep:
     async def tick(self) -> None:
         node = self.node
         await node.blocks.expire()
-        node.ledger.forget_done(time.monotonic())
-        for request_id in node.ledger.overdue(time.time()):
+        node.requests.forget_done(time.monotonic())
+        for request_id in node.requests.overdue(time.time()):
             log.info("request %s is past its deadline; stopping it", request_id)
             await node.abort(request_id)
         now = time.monotonic()
@@ -59,7 +59,7 @@ class Upkeep:
             await self.check_gateways()
 
     async def check_gateways(self) -> None:
-        checks = self.node.ledger.by_gateway()
+        checks = self.node.requests.by_gateway()
         for gone in set(self.missed) - set(checks):
             del self.missed[gone]
         await asyncio.gather(*(self._check(g, ids) for g, ids in checks.items()))

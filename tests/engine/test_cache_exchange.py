@@ -53,14 +53,16 @@ def test_a_prefix_pulled_from_a_peer_is_reused_and_decodes_the_same(
     hashes = puller.exchange.prompt_hashes(prompt, SALT)
     assert len(hashes) == 6  # (26 - 1) // 4 blocks may come from a cache
 
-    pinned = holder.exchange.pin("p1", hashes)
-    assert len(pinned) == 6 and holder.exchange.num_pins == 1
+    free_before = holder.pool.num_free_blocks
+    pinned = holder.exchange.pin(hashes)
+    assert len(pinned) == 6 and holder.pool.num_free_blocks == free_before - 6
     imp = puller.exchange.begin_import(prompt, SALT, hashes, 0, len(pinned))
     assert imp is not None
     sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
     assert sums == [c for _, c in pinned]
     assert puller.exchange.finish_import(imp, sums) == 6
-    assert holder.exchange.unpin("p1") and not holder.exchange.unpin("p1")
+    holder.exchange.unpin([b for b, _ in pinned])
+    assert holder.pool.num_free_blocks == free_before  # unpinned, still cached
 
     assert run(puller, "r", prompt) == expected
     assert puller.stats.prompt_tokens_computed == 26 - 24
@@ -73,7 +75,7 @@ def test_only_the_verified_leading_blocks_are_cached(make_engine: EngineFactory)
     holder, puller = make_engine(), make_engine()
     run(holder, "warm", prompt)
     hashes = puller.exchange.prompt_hashes(prompt, SALT)
-    pinned = holder.exchange.pin("p", hashes)
+    pinned = holder.exchange.pin(hashes)
     imp = puller.exchange.begin_import(prompt, SALT, hashes, 0, len(pinned))
     assert imp is not None
     sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
@@ -91,12 +93,12 @@ def test_a_pull_continues_a_prefix_the_puller_holds(make_engine: EngineFactory) 
     hashes = puller.exchange.prompt_hashes(prompt, SALT)
     first = puller.exchange.num_leading_cached(hashes)
     assert first == 2
-    pinned = holder.exchange.pin("p", hashes[first:])
+    pinned = holder.exchange.pin(hashes[first:])
     imp = puller.exchange.begin_import(prompt, SALT, hashes, first, len(pinned))
     assert imp is not None and len(imp.block_ids) == 5
     sums = copy(holder, [b for b, _ in pinned], puller, imp.block_ids)
     puller.exchange.finish_import(imp, sums)
-    holder.exchange.unpin("p")
+    holder.exchange.unpin([b for b, _ in pinned])
     computed_before = puller.stats.prompt_tokens_computed
     assert run(puller, "r", prompt) == expected
     assert puller.stats.prompt_tokens_computed - computed_before == 30 - 28
@@ -107,8 +109,9 @@ def test_another_scope_pins_nothing(make_engine: EngineFactory) -> None:
     holder = make_engine()
     run(holder, "warm", prompt, salt=b"tenant-a")
     other = holder.exchange.prompt_hashes(prompt, b"tenant-b")
-    assert holder.exchange.pin("p", other) == []
-    assert holder.exchange.num_pins == 0
+    free_before = holder.pool.num_free_blocks
+    assert holder.exchange.pin(other) == []
+    assert holder.pool.num_free_blocks == free_before
 
 
 def test_no_room_reserves_nothing_and_keeps_the_pool_whole(make_engine: EngineFactory) -> None:
@@ -132,21 +135,22 @@ def test_sink_offers_the_coldest_unsunk_blocks_and_never_a_busy_one(
     run(engine, "a", first)
     cold = {b.block_hash for b in ex.snapshot()}  # prompt and reply blocks alike
     run(engine, "b", second)
-    offered = ex.offer_sink("s1", 3, lambda _h: False)
+    offered = ex.offer_sink(3, lambda _h: False)
     # The first prompt freed its blocks first and deepest first: they are evicted first.
     assert {b.block_hash for b in offered} <= cold and len(offered) == 3
     assert all(b.quota_key == SALT[:16] for b in offered)
     assert all(pool.get_cached_block(b.block_hash).ref_cnt == 1 for b in offered)  # type: ignore[union-attr]
     taken = {b.block_hash for b in offered}
-    again = ex.offer_sink("s2", 64, lambda h: h in taken)
+    again = ex.offer_sink(64, lambda h: h in taken)
     assert not taken & {b.block_hash for b in again}
     # A quarter of the free blocks at most, so a sink cannot starve admissions.
     assert 0 < len(again) <= (pool.num_free_blocks + len(again)) // 4
-    assert ex.unpin("s1") and ex.unpin("s2")
+    ex.unpin([b.block_id for b in offered])
+    ex.unpin([b.block_id for b in again])
+    assert all(pool.get_cached_block(x).ref_cnt == 0 for x in taken)  # type: ignore[union-attr]
     pool.mark_sunk([b.block_hash for b in ex.snapshot()])
     assert pool.num_unsunk == 0
-    assert ex.offer_sink("s3", 64, lambda _h: False) == []
-    assert ex.num_pins == 0
+    assert ex.offer_sink(64, lambda _h: False) == []
 
 
 def test_blocks_read_up_from_a_lower_tier_are_not_offered_again(
@@ -156,11 +160,11 @@ def test_blocks_read_up_from_a_lower_tier_are_not_offered_again(
     holder, reader = make_engine(), make_engine()
     run(holder, "warm", prompt)
     hashes = reader.exchange.prompt_hashes(prompt, SALT)
-    pinned = holder.exchange.pin("p", hashes)
+    pinned = holder.exchange.pin(hashes)
     imp = reader.exchange.begin_import(prompt, SALT, hashes, 0, len(pinned))
     assert imp is not None and imp.quota_key == SALT[:16]
     imp.sunk = True
     checksums = copy(holder, [b for b, _ in pinned], reader, imp.block_ids)
     assert reader.exchange.finish_import(imp, checksums) == len(pinned)
     assert reader.pool.num_unsunk == 0
-    assert reader.exchange.offer_sink("s", 64, lambda _h: False) == []
+    assert reader.exchange.offer_sink(64, lambda _h: False) == []

@@ -123,13 +123,13 @@ def test_a_sink_offers_kept_blocks_before_the_pools_cold_ones() -> None:
     kept = cached_chain(pool, 20, 3)
     keeps.keep(kept, PINNED, now=0.0)
     exchange = CacheExchange(pool, 4, lambda salt: h(0), lambda block_id: 7, keeps)
-    offered = exchange.offer_sink("pin", 4, lambda block_hash: False)
+    offered = exchange.offer_sink(4, lambda block_hash: False)
     # Every kept block, then the coldest (a chain's tail first) up to the four asked for.
     assert [b.block_hash for b in offered] == [*kept, cold[-1]]
     assert all(pool.get_cached_block(x).ref_cnt == 2 for x in kept)  # type: ignore[union-attr]
-    exchange.unpin("pin")
+    exchange.unpin([b.block_id for b in offered])
     pool.mark_sunk(kept)
-    again = exchange.offer_sink("pin2", 4, lambda block_hash: False)
+    again = exchange.offer_sink(4, lambda block_hash: False)
     assert kept[0] not in {b.block_hash for b in again}
 
 

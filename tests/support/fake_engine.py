@@ -27,8 +27,10 @@ from __future__ import annotations
 import asyncio
 import re
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from shared import subjects
 from shared.bus import Bus, NatsBus
@@ -96,6 +98,7 @@ class FakeEngine:
     bus: Bus | None = None
     epoch: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _beaten: asyncio.Event = field(default_factory=asyncio.Event)  # its first beats are out
 
     async def start(self, nats_url: str) -> None:
         self.bus = bus = await NatsBus.connect(nats_url, "fake-engine")
@@ -105,8 +108,8 @@ class FakeEngine:
         await bus.subscribe(subjects.ABORTS, AbortRequest, self._on_abort)
         await bus.serve(subjects.replays(NODE), ReplayRequest, self._on_replay)
         self._spawn(self._beat())
+        await asyncio.wait_for(self._beaten.wait(), 20)
         await bus.flush()
-        await asyncio.sleep(0.05)
 
     async def stop(self) -> None:
         for task in list(self._tasks):
@@ -117,8 +120,8 @@ class FakeEngine:
     def request(self, request_id: str) -> GenerateRequest | None:
         return next((r for r in self.requests if r.request_id == request_id), None)
 
-    def _spawn(self, work: object) -> None:
-        task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -130,7 +133,8 @@ class FakeEngine:
                 await self.bus.publish(subjects.heartbeats(role, node), status)
             status = NodeStatus(node_id="fake-decode", role="decode", epoch=self.epoch)
             await self.bus.publish(subjects.heartbeats("decode", "fake-decode"), status)
-            await asyncio.sleep(BEAT_S)
+            self._beaten.set()
+            await asyncio.sleep(BEAT_S)  # the heartbeat period
 
     async def _on_abort(self, message: AbortRequest) -> None:
         self.aborts.append(message.request_id)
@@ -200,7 +204,7 @@ class FakeEngine:
         slow = "[[slow]]" in prompt
         late = _LATE_RE.search(prompt)
         if late:
-            await asyncio.sleep(float(late.group(1)))
+            await asyncio.sleep(float(late.group(1)))  # a model slow to its first token
         for chunk in chunks:
             if rid in self.aborts:
                 return
@@ -210,7 +214,7 @@ class FakeEngine:
             if not (lose and chunk.index == 1):
                 await self.bus.publish(subject, chunk)
             if slow:
-                await asyncio.sleep(SLOW_DELAY_S)
+                await asyncio.sleep(SLOW_DELAY_S)  # a slow model's pace between tokens
 
     def _reply_ids(self, request: GenerateRequest, prompt: str) -> tuple[list[int], str]:
         custom = _REPLY_RE.search(prompt)

@@ -42,7 +42,7 @@ class ServedGateway:
                 self._serving.result()
             if time.monotonic() > deadline:
                 raise TimeoutError("the gateway did not start")
-            time.sleep(0.01)
+            time.sleep(0.01)  # poll interval until the deadline
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
         self._await_backends(deadline)
         return self
@@ -55,7 +55,7 @@ class ServedGateway:
         while dispatcher is not None and time.monotonic() < until:
             if dispatcher.readiness()[0]:
                 return
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll interval until the deadline
 
     def stop(self, timeout_s: float = 30) -> None:
         if self._server is not None and self._serving is not None:

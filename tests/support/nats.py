@@ -46,7 +46,7 @@ def wait_for_port(
                 return
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{name} exited with status {process.returncode}")
-        time.sleep(0.02)
+        time.sleep(0.02)  # poll interval until the deadline
     raise TimeoutError(f"{name} did not accept connections on port {port}")
 
 

@@ -178,7 +178,7 @@ class WeedS3:
                     return
             except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
                 last = exc
-                time.sleep(0.05)
+                time.sleep(0.05)  # poll interval until the deadline
         raise TimeoutError(f"S3 at {self.endpoint} not ready after {timeout_s} s: {last}")
 
     def tail(self, chars: int = 2000) -> str:

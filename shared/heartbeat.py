@@ -54,21 +54,3 @@ class Heartbeat:
         # after reconnection saying stale things; the next one is made fresh.
         if self.bus.connected:
             await self.bus.publish(subjects.heartbeats(beat.role, beat.node_id), beat)
-
-
-async def heartbeat_loop(
-    bus: Bus,
-    interval_s: float,
-    status: Callable[[], Awaitable[NodeStatus]],
-    fallback: Callable[[], NodeStatus],
-) -> None:
-    """``Heartbeat.beat`` every interval until cancelled, for the node runtime until it
-    registers the beat with its lifecycle; a failed beat is logged and the next one tried."""
-    heart = Heartbeat(bus, interval_s, status, fallback)
-    while True:
-        started = time.monotonic()
-        try:
-            await heart.beat()
-        except Exception:
-            log.exception("heartbeat failed")
-        await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - started)))

@@ -51,6 +51,11 @@ class DecodeRole:
     async def admit_waiting(self) -> None:
         await self.receiver.admit_waiting()
 
+    async def retry_admission(self) -> None:
+        """Room freed by aborts (finishing sequences admit at once) lets waiting hand-offs in."""
+        if self.receiver.waiting():
+            await self.receiver.admit_waiting()
+
     async def on_outputs(self, outputs: list[RequestOutput]) -> None:
         node = self.node
         for out in outputs:

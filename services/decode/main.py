@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from services.decode.config import DecodeSettings
@@ -40,7 +39,8 @@ class DecodeService:
         if self.role.local is not None:
             subject = subjects.local_tasks(node.node_id)
             await node.bus.serve(subject, PrefillTask, self.role.local.on_task)
-        node.spawn(self._admit_retry(self.role))
+        role = self.role
+        node.lifecycle.every("admit-retry", ADMIT_RETRY_S, role.retry_admission, immediately=False)
         log.info("decode node %s serving", node.node_id)
 
     def _make_role(self, node: NodeRuntime) -> DecodeRole:
@@ -56,12 +56,6 @@ class DecodeService:
         if self.role is not None:
             await self.role.close()
         await self.node.stop()
-
-    async def _admit_retry(self, role: DecodeRole) -> None:
-        while True:
-            await asyncio.sleep(ADMIT_RETRY_S)
-            if role.receiver.waiting():
-                await role.admit_waiting()
 
 
 def main() -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from concurrent.futures import Executor
 
+from shared.config import EngineSettings
 from shared.engine.engine import LLMEngine
+from shared.engine.factory import load_engine
 from shared.engine.step_governor import StepGovernor
 from shared.engine.types import EngineStats
 from shared.sampling_params import SamplingParams
@@ -52,3 +56,15 @@ def probe_speed(engine: LLMEngine, num_tokens: int) -> None:
     # Nodes starting together probe together: the cores they waited for then say nothing
     # of the load to come, and would hold the next prompt steps to one thread.
     engine.threads.governor = StepGovernor()
+
+
+async def load_and_probe(
+    settings: EngineSettings, probe_setting: int | None, thread: Executor | None
+) -> LLMEngine:
+    """Loads the engine the settings name on ``thread`` (None: asyncio's default executor)
+    and measures its speed before any work, so a node's first heartbeat carries it."""
+    loop = asyncio.get_running_loop()
+    engine = (await loop.run_in_executor(thread, load_engine, settings)).engine
+    probe = probe_tokens(engine, probe_setting)
+    await loop.run_in_executor(thread, probe_speed, engine, probe)
+    return engine

@@ -49,16 +49,6 @@ class CatalogueSync:
         self._last_beat = 0.0
         self._outage = False
 
-    async def run(self) -> None:
-        """``tick`` every ``sync_interval_s`` until cancelled (until the node registers
-        ``tick`` with its lifecycle)."""
-        while True:
-            try:
-                await self.tick()
-            except Exception:
-                log.exception("cachemeta sync failed")
-            await asyncio.sleep(self.sync_interval_s)
-
     async def tick(self) -> None:
         """One sync round. While cachemeta cannot be reached the failure is logged once per
         outage and the next round resyncs; any other failure also forces a resync, and is
@@ -96,6 +86,15 @@ class CatalogueSync:
         if stored:
             await self.client.register_blocks(self.node_id, TIER, self._records(stored))
         self.in_step = True
+
+    async def leave(self) -> None:
+        """A clean stop withdraws the node's blocks at once instead of after the grace, then
+        closes the client."""
+        try:
+            await asyncio.wait_for(self.drop_all(), 2.0)
+        except Exception as exc:
+            log.warning("could not withdraw blocks from cachemeta: %s", exc)
+        await self.client.close()
 
     async def drop_all(self) -> None:
         """Tells cachemeta this node holds nothing any more (a clean shutdown)."""

@@ -30,11 +30,6 @@ class NodeKeeps:
         self.watch = KeepWatch(reader, self._follow, interval_s)
         self.keeps_ended = 0
 
-    async def run(self) -> None:
-        """``tick`` every ``interval_s`` (until the node registers ``tick`` with its
-        lifecycle)."""
-        await self.watch.run()
-
     @property
     def interval_s(self) -> float:
         return self.watch.interval_s

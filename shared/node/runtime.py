@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -18,10 +18,10 @@ from shared import subjects
 from shared.bus import Bus, NatsBus
 from shared.cluster_messages import LeaseRelease, PinRequest, SinkDone, SinkRequest
 from shared.engine.engine import LLMEngine
-from shared.engine.factory import load_engine
-from shared.engine.probe import probe_speed, probe_tokens
-from shared.heartbeat import heartbeat_loop
+from shared.engine.probe import load_and_probe
+from shared.heartbeat import Heartbeat
 from shared.kv.checksum import BlockChecksum
+from shared.lifecycle import Lifecycle
 from shared.messages import AbortRequest, ReplayRequest
 from shared.node.beats import NodeBeats
 from shared.node.catalogue import CatalogueSync
@@ -37,7 +37,7 @@ from shared.node.requests import RequestTable
 from shared.node.serving import NodeServing
 from shared.node.settings import NodeSettings
 from shared.node.sink import SinkServer
-from shared.node.upkeep import Upkeep
+from shared.node.upkeep import TICK_S, Upkeep
 from shared.ops_http import OpsServer
 from shared.secrets import secret_fingerprint
 from shared.transfer.base import TransferServer, create_server
@@ -63,8 +63,10 @@ class NodeRuntime:
         self.epoch = uuid.uuid4().hex[:16]
         self.checksum = BlockChecksum(settings.cache_secret)
         self._engine, self._bus = engine, bus
-        self.tasks: list[asyncio.Task[None]] = []
         self.metrics = NodeMetrics(self.node_id, role)
+        self.registry = CollectorRegistry()
+        self.registry.register(self.metrics)
+        self.lifecycle = Lifecycle(self.node_id, self.registry)
         self.requests = RequestTable()
         self.leases = LeaseTable(settings.lease_ttl_s)
         self.metrics.outcomes = self.requests.outcomes
@@ -79,7 +81,8 @@ class NodeRuntime:
         s = self.settings
         await self.server.start()
         thread = engine_thread()
-        engine = self._engine or await self._load(thread)
+        loader = thread if s.engine_thread_load else None  # None: asyncio's default
+        engine = self._engine or await load_and_probe(s, s.startup_probe_tokens, loader)
         # Before any block is offered, pinned or published: they carry checksums in this key.
         engine.checksum = self.checksum
         if self._bus is None:
@@ -109,27 +112,17 @@ class NodeRuntime:
         self.serving.role = make_role(self)
         self.host.start()
         await self._subscribe()
-        self.spawn(Upkeep(self.serving).run())
-        self.spawn(
-            heartbeat_loop(self.bus, s.heartbeat_interval_s, self.beats.status, self.beats.bare)
-        )
+        life = self.lifecycle
+        life.every("upkeep", TICK_S, Upkeep(self.serving).tick, immediately=False)
+        heart = Heartbeat(self.bus, s.heartbeat_interval_s, self.beats.status, self.beats.bare)
+        life.every("heartbeat", s.heartbeat_interval_s, heart.beat)
         if s.cachemeta_url:
             self._start_catalogue(s)
         if s.metrics_port is not None:
-            registry = CollectorRegistry()
-            registry.register(self.metrics)
-            self.ops = OpsServer(s.metrics_host, s.metrics_port, self.beats.healthy, registry)
+            self.ops = OpsServer(s.metrics_host, s.metrics_port, self.beats.healthy, self.registry)
             self.ops.start()
-
-    async def _load(self, thread: Any) -> LLMEngine:
-        s = self.settings
-        loader = thread if s.engine_thread_load else None  # None: asyncio's default
-        loop = asyncio.get_running_loop()
-        engine = (await loop.run_in_executor(loader, load_engine, s)).engine
-        # Its speed measured before any work, so its first heartbeat carries it.
-        probe = probe_tokens(engine, s.startup_probe_tokens)
-        await loop.run_in_executor(loader, probe_speed, engine, probe)
-        return engine
+        self._stop_in_order()
+        await life.start()
 
     async def _subscribe(self) -> None:
         bus, node, serving = self.bus, self.node_id, self.serving
@@ -149,15 +142,13 @@ class NodeRuntime:
             client, self.host, self.node_id, self.role_name, self.host.block_bytes,
             sync_interval_s=s.catalogue_sync_s, heartbeat_interval_s=s.heartbeat_interval_s,
         )  # fmt: skip
-        self.spawn(self.catalogue.run())
-        self.spawn(NodeKeeps(self.host, client).run())  # keeps dropped or extended elsewhere
+        self.lifecycle.every("catalogue-sync", s.catalogue_sync_s, self.catalogue.tick)
+        keeps = NodeKeeps(self.host, client)  # keeps dropped or extended elsewhere
+        self.lifecycle.every("keep-watch", keeps.interval_s, keeps.tick)
 
     @property
     def engine(self) -> LLMEngine:
         return self.host.engine
-
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        self.tasks.append(asyncio.create_task(work))
 
     async def _on_outputs(self, outputs: Any) -> None:
         await self.serving.on_outputs(outputs)
@@ -184,25 +175,18 @@ class NodeRuntime:
             except Exception:
                 log.exception("draining failed")
 
-    async def stop(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-        for task in self.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await self.bus.close()
-        await self.host.stop()
-        if self.catalogue is not None:
-            await self._leave_catalogue(self.catalogue)
-        await self.puller.close()
-        await self.server.close()
-        if self.ops is not None:
-            self.ops.stop()
+    def _stop_in_order(self) -> None:
+        """Stop steps run in reverse: the bus first (nothing more is said), then the engine,
+        the catalogue session, the puller, the block server and the ops port."""
+        life, ops, catalogue = self.lifecycle, self.ops, self.catalogue
+        if ops is not None:
+            life.on_stop("ops", ops.stop)
+        life.on_stop("block-server", self.server.close)
+        life.on_stop("puller", self.puller.close)
+        if catalogue is not None:
+            life.on_stop("catalogue", catalogue.leave)
+        life.on_stop("engine", self.host.stop)
+        life.on_stop("bus", self.bus.close)
 
-    async def _leave_catalogue(self, catalogue: CatalogueSync) -> None:
-        """A clean stop withdraws the node's blocks at once instead of after the grace."""
-        try:
-            await asyncio.wait_for(catalogue.drop_all(), 2.0)
-        except Exception as exc:
-            log.warning("could not withdraw blocks from cachemeta: %s", exc)
-        await catalogue.client.close()
+    async def stop(self) -> None:
+        await self.lifecycle.stop()

@@ -36,16 +36,6 @@ class Upkeep:
         self.missed: dict[str, int] = {}
         self._last_check = 0.0
 
-    async def run(self) -> None:
-        while True:
-            try:
-                await self.tick()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("node upkeep failed")
-            await asyncio.sleep(TICK_S)
-
     async def tick(self) -> None:
         node = self.node
         await node.blocks.expire()

@@ -12,8 +12,6 @@ STARTERS = {"create_task", "ensure_future"}
 ALLOWED = {"shared/lifecycle.py"}
 #: Benchmark drivers run their own load generators, not service tasks.
 BENCH = "crescent/bench/"
-#: Modules still to be moved onto the lifecycle; this set only ever shrinks.
-PENDING = {"shared/node/runtime.py"}
 
 
 def _starts(path: Path) -> list[int]:
@@ -45,13 +43,7 @@ def _found() -> dict[str, list[int]]:
 
 def test_only_the_lifecycle_starts_tasks() -> None:
     found = _found()
-    outside = {rel: lines for rel, lines in found.items() if rel not in PENDING}
-    assert outside == {}, f"tasks started outside shared/lifecycle.py: {outside}"
-
-
-def test_the_pending_exceptions_still_start_tasks() -> None:
-    # A module moved onto the lifecycle leaves PENDING, so no exception outlives its reason.
-    assert set(_found()) >= PENDING
+    assert found == {}, f"tasks started outside shared/lifecycle.py: {found}"
 
 
 def test_the_check_sees_every_way_of_starting_a_task(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import os
 import random
 import signal
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 import openai
 import pytest
 from openai import OpenAI
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.tier_probe import TierProbe, chain_of, tiers_of
 from shared.model.tokenizer import Tokenizer
@@ -31,6 +33,7 @@ pytestmark = pytest.mark.slow
 NUM_PROMPTS = 12
 PROMPT_WORDS = 900  # about 1,000 tokens: 31 blocks of 32, 46 MB of fp32 KV
 BOB_QUOTA_MB = 60
+S3_DOWN = "S3 is unavailable"  # tierd's log line when a move to S3 fails
 _WORD_TEXT = """
 river stone garden window market silver letter engine forest winter copper lantern
 harbor meadow thunder pencil marble violin orchard canyon blanket saddle compass feather
@@ -132,8 +135,20 @@ def wait_for(what: str, check: Callable[[], bool], timeout_s: float, logs: Path)
     while time.monotonic() < deadline:
         if check():
             return
-        time.sleep(0.5)
+        time.sleep(0.5)  # poll interval until the deadline
     raise AssertionError(f"timed out waiting for {what}\n{collect_logs(logs)}")
+
+
+def tierd_counter(t: TierStack, name: str, **labels: str) -> float:
+    """The sum of tierd's samples called ``name`` that carry ``labels``."""
+    with urllib.request.urlopen(t.probe.where["tierd_metrics"], timeout=5) as resp:
+        families = text_string_to_metric_families(resp.read().decode())
+    return sum(
+        sample.value
+        for family in families
+        for sample in family.samples
+        if sample.name == name and labels.items() <= sample.labels.items()
+    )
 
 
 def placements(t: TierStack) -> str:
@@ -245,12 +260,18 @@ def test_a_stopped_s3_server_loses_nothing_and_moves_resume(tiers: TierStack) ->
     s3_pid = tiers.stack.children()["s3"]
     files_before = set(tiers.probe.nvme_headers())
     objects_before = len(tiers.probe.s3_keys())
+    outages = tiers.stack.log("tierd").count(S3_DOWN)
     os.kill(s3_pid, signal.SIGSTOP)
     try:
         for i in range(3):
             answer = tiers.ask(prompt(100 + i))
             assert answer.text and answer.usage.completion_tokens > 0
-        time.sleep(3)
+        wait_for(
+            "tierd to find S3 unavailable",
+            lambda: tiers.stack.log("tierd").count(S3_DOWN) > outages,
+            60,
+            tiers.probe.data_dir,
+        )
         # Nothing left NVMe while S3 could not take it.
         assert files_before <= set(tiers.probe.nvme_headers())
     finally:
@@ -304,7 +325,7 @@ def test_a_restarted_node_gets_its_prefixes_back_from_the_tiers(
             break
         except openai.InternalServerError:
             assert time.monotonic() < deadline, collect_logs(tiers.probe.data_dir)
-            time.sleep(1)
+            time.sleep(1)  # poll interval until the deadline
     assert again.text == tiers.cold[i].text
     by_tier = again.usage.prompt_tokens_details.model_extra["cached_tokens_by_tier"]
     below = by_tier["nvme"] + by_tier["s3"]
@@ -321,13 +342,24 @@ def test_a_tenant_over_its_quota_evicts_its_own_blocks_only(
             out.setdefault(h.quota_key, set()).add(h.block_hash)
         return out
 
+    def turned_away() -> float:
+        """Blocks tierd evicted or refused to keep a tenant within its quota."""
+        evicted = tierd_counter(tiers, "crescent_tierd_deleted_blocks_total", reason="quota")
+        return evicted + tierd_counter(tiers, "crescent_tierd_refused_blocks_total")
+
     before = stored()
+    away = turned_away()
     block_bytes = next(iter(tiers.probe.nvme_headers().values())).num_bytes
     # Bob sends far more than his quota of blocks.
     computed = 0
     for i in range(4):
         computed += tiers.ask(prompt(i, "bob", words=600), BOB_KEY).usage.prompt_tokens // 32
-    time.sleep(5)
+    wait_for(
+        "tierd to keep some of bob's blocks and turn others away",
+        lambda: len(stored()) > len(before) and turned_away() > away,
+        120,
+        tiers.probe.data_dir,
+    )
     after = stored()
     bob = [k for k in after if k not in before]
     assert len(bob) == 1, list(after)

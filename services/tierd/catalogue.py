@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -49,25 +48,20 @@ class TierCatalogue:
         self.in_step = False
         self._outage = False
 
-    async def run(self) -> None:
-        """Heartbeats (and resyncs when needed) until cancelled."""
-        while True:
-            try:
-                await self.beat()
-                if self._outage:
-                    log.info("cachemeta is reachable again; tiers resynced")
-                self._outage = False
-            except CatalogueDown as exc:
-                self.in_step = False
-                if not self._outage:
-                    log.warning("cachemeta unreachable (%s); will resync when it is back", exc)
-                self._outage = True
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.in_step = False
-                log.exception("cachemeta heartbeat failed")
-            await asyncio.sleep(self.heartbeat_interval_s)
+    async def tick(self) -> None:
+        """One heartbeat, with a resync when needed. An unreachable cachemeta is an outage,
+        logged once and resynced after; any other failure raises for the lifecycle to log and
+        count. Either leaves a resync pending (``_guard``)."""
+        try:
+            await self._guard(self.beat())
+        except CatalogueDown as exc:
+            if not self._outage:
+                log.warning("cachemeta unreachable (%s); will resync when it is back", exc)
+            self._outage = True
+            return
+        if self._outage:
+            log.info("cachemeta is reachable again; tiers resynced")
+        self._outage = False
 
     async def beat(self) -> None:
         resync = await self.client.heartbeat(self.node_id, "tierd", self.epoch, self._tiers())

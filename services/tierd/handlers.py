@@ -3,7 +3,6 @@ releases, prefetches from the scheduler, reports of damaged files, and tierd's h
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 
@@ -23,6 +22,8 @@ from shared.cluster_messages import (
 from shared.kv.hashing import HASH_BYTES
 
 log = logging.getLogger(__name__)
+#: How often upkeep runs: staged blocks nobody pulled free their memory within this long.
+UPKEEP_S = 1.0
 #: Prefetches run at most this many at once; more are dropped (they are only hints).
 MAX_PREFETCHES = 4
 
@@ -131,17 +132,10 @@ class TierdHandlers:
             pid=os.getpid(),
         )
 
-    async def upkeep(self, interval_s: float = 1.0) -> None:
-        """The tiers' lifecycle and the expiry of read-up blocks nobody pulled."""
-        while True:
-            try:
-                self.staging.expire()
-                await self.tiering.maintain()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("tier upkeep failed")
-            await asyncio.sleep(interval_s)
+    async def upkeep(self) -> None:
+        """One round of the tiers' lifecycle and the expiry of read-up blocks nobody pulled."""
+        self.staging.expire()
+        await self.tiering.maintain()
 
     async def close(self) -> None:
         await self._work.close()

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from services.tierd.catalogue import TierCatalogue
 from services.tierd.config import MB, TierdSettings
-from services.tierd.handlers import TierdHandlers
+from services.tierd.handlers import UPKEEP_S, TierdHandlers
 from services.tierd.holdings import NVME, S3, Holdings
 from services.tierd.limits import Limits
 from services.tierd.metrics import TierdMetrics
@@ -111,10 +111,10 @@ class TierdService:
         await bus.subscribe(subjects.corrupt_reports(node), CorruptBlocks, handlers.on_corrupt)
         for role in ("prefill", "decode"):
             await bus.watch(subjects.heartbeats(role, "*"), NodeStatus, self.sinker.on_heartbeat)
-        # These three loops handle their own failures; RESTART covers one that escapes.
-        life.run("catalogue", self.catalogue.run)
-        life.run("sinker", self.sinker.run)
-        life.run("upkeep", handlers.upkeep)
+        catalogue = self.catalogue
+        life.every("catalogue", catalogue.heartbeat_interval_s, catalogue.tick)
+        life.every("sinker", policy.interval_s, self.sinker.sink_round)
+        life.every("upkeep", UPKEEP_S, handlers.upkeep)
         life.every("keeps", self.keeps.interval_s, self.keeps.poll)
         heart = Heartbeat(bus, s.heartbeat_interval_s, handlers.status, handlers.status_now)
         life.every("heartbeat", s.heartbeat_interval_s, heart.beat)

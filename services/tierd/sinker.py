@@ -95,16 +95,10 @@ class Sinker:
             if s.unsunk_blocks > self.policy.watermark * max(s.total_blocks, 1)
         ]
 
-    async def run(self) -> None:
-        while True:
-            try:
-                for node_id in self.due():
-                    await self.sink_node(node_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("sink round failed")
-            await asyncio.sleep(self.policy.interval_s)
+    async def sink_round(self) -> None:
+        """Sinks from every node due, one after another."""
+        for node_id in self.due():
+            await self.sink_node(node_id)
 
     async def sink_node(self, node_id: str) -> int:
         """Rounds with one node until it offers nothing (or ``MAX_ROUNDS``); blocks sunk."""

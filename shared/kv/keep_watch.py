@@ -6,7 +6,6 @@ No framework here: the ledger is read through any object with the client's ``lis
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -46,13 +45,9 @@ class KeepWatch:
         self.keeps: dict[bytes, float] = {}
         self._outage = False
 
-    async def run(self) -> None:
-        while True:
-            await self.poll()
-            await asyncio.sleep(self.interval_s)
-
     async def poll(self) -> bool:
-        """Reads the ledger once; True if the view changed."""
+        """Reads the ledger once; True if the view changed. The holder's lifecycle runs it
+        every ``interval_s``."""
         asked_at = time.time()
         try:
             listing = await self.reader.list_keeps(self.version)

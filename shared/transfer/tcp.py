@@ -24,7 +24,7 @@ import logging
 import socket
 import ssl
 
-from shared.lifecycle import Tasks
+from shared.lifecycle import Lifecycle
 from shared.tls import TlsSettings, from_env
 from shared.transfer.base import (
     DEFAULT_SEND_TIMEOUT_S,
@@ -88,10 +88,11 @@ def decode_address(address: bytes) -> tuple[str, int]:
 class TcpTransferServer:
     """Serves pulls over TCP on ``host`` and an ephemeral port.
 
-    Owns the listening socket, the accepting and sweeping tasks and one task per connection,
-    which alone closes its socket. Invariants: a connection carries one pull at a time, in
-    order, so replies never interleave; at most ``max_connections`` are served at once; with
-    TLS on, no request is read before the client's certificate has been verified.
+    Owns the listening socket and a lifecycle that runs the accepting and sweeping tasks and
+    one task per connection, which alone closes its socket. Invariants: a connection carries
+    one pull at a time, in order, so replies never interleave; at most ``max_connections`` are
+    served at once; with TLS on, no request is read before the client's certificate has been
+    verified.
     """
 
     def __init__(
@@ -114,8 +115,7 @@ class TcpTransferServer:
         self._max_connections = max_connections
         self._sock: socket.socket | None = None
         self._address = b""
-        self._tasks = Tasks("tcp transfer server")
-        self._workers: list[asyncio.Task[None]] = []  # accepting, sweeping
+        self._life = Lifecycle("tcp transfer server")
         self._conns: dict[socket.socket, asyncio.Task[None]] = {}
         self._deadlines = Deadlines(idle_timeout_s, read_timeout_s)
         self.bytes_sent = 0
@@ -154,19 +154,19 @@ class TcpTransferServer:
             sock.close()
             raise TransferError(f"no address to publish for {self._host!r}: {exc}") from exc
         self._sock = sock
-        self._workers = [
-            self._tasks.spawn(self._accept_loop(sock), "accept"),
-            self._tasks.spawn(self._sweep(), "sweep"),
-        ]
+        life = self._life
+        # A failed accept (out of descriptors, say) is logged and retried after a backoff.
+        life.run("accept", functools.partial(self._accept_loop, sock))
+        life.every("sweep", self._deadlines.tick_s, self._sweep, immediately=False)
+        # A step, so it runs after the tasks: each takes its socket off the loop before
+        # closing it, and no descriptor is closed while the loop still watches it.
+        life.on_stop("listening socket", self._close_socket)
+        await life.start()
 
     async def close(self) -> None:
-        # Tasks first: each takes its socket off the loop before closing it, so no descriptor
-        # is closed while the loop still watches it.
-        tasks = [*self._conns.values(), *self._workers]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._workers = []
+        await self._life.stop()
+
+    def _close_socket(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
@@ -174,19 +174,14 @@ class TcpTransferServer:
     async def _accept_loop(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            try:
-                conn, _ = await loop.sock_accept(listener)
-            except OSError:
-                log.exception("accept failed on the transfer socket")
-                await asyncio.sleep(0.1)  # e.g. out of descriptors; do not spin
-                continue
+            conn, _ = await loop.sock_accept(listener)
             if len(self._conns) >= self._max_connections and not self._evict_idle():
                 conn.close()  # unread: a flood costs an accept and a close per connection
                 self._count_refused()
                 continue
             conn.setblocking(False)
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            task = self._tasks.spawn(self._serve(conn), "serve")
+            task = self._life.spawn(self._serve(conn), "serve")
             self._conns[conn] = task
             task.add_done_callback(functools.partial(self._forget, conn))
 
@@ -203,16 +198,14 @@ class TcpTransferServer:
         return True
 
     async def _sweep(self) -> None:
-        """Drop the connections that idled or read past their deadlines."""
-        while True:
-            await asyncio.sleep(self._deadlines.tick_s)
-            idle, reading = self._deadlines.expired()
-            for conn in idle + reading:
-                task = self._conns.get(conn)
-                if task is not None:
-                    task.cancel()  # its task closes the socket
-            if reading:
-                log.info("dropped %d transfer connections slow to send a request", len(reading))
+        """Drops the connections that idled or read past their deadlines."""
+        idle, reading = self._deadlines.expired()
+        for conn in idle + reading:
+            task = self._conns.get(conn)
+            if task is not None:
+                task.cancel()  # its task closes the socket
+        if reading:
+            log.info("dropped %d transfer connections slow to send a request", len(reading))
 
     def _count_refused(self) -> None:
         self.connections_refused += 1

@@ -1,4 +1,5 @@
-"""Runs a service until SIGTERM or SIGINT, then lets it drain."""
+"""Runs a service until SIGTERM or SIGINT, then lets it drain; or until its lifecycle stops by
+itself (a FATAL task failed), then stops it and exits non-zero."""
 
 from __future__ import annotations
 
@@ -14,10 +15,15 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from shared import logs, tracing
+from shared.lifecycle import Lifecycle, awaited_task
 from shared.tracing_settings import TracingSettings
 
 
 class Service(Protocol):
+    """What ``run_service`` runs. A service whose tasks run under a ``Lifecycle`` exposes it
+    as ``lifecycle``, its own or its node's (``node.lifecycle``), once started: when that
+    lifecycle stops by itself the process ends."""
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -52,7 +58,8 @@ def run_service(
     service creates (catalogue, block files, logs) is private to its user (umask 077)."""
     os.umask(0o077)
     setup_logging(name)
-    asyncio.run(_serve(name, build, StopWatchdog(name, stop_grace_s)))
+    if not asyncio.run(_serve(name, build, StopWatchdog(name, stop_grace_s))):
+        sys.exit(1)
 
 
 class StopWatchdog:
@@ -85,9 +92,20 @@ class StopWatchdog:
         os._exit(1)
 
 
+def lifecycle_of(service: object) -> Lifecycle | None:
+    """The lifecycle that runs the service's tasks: its own, or its node's."""
+    for owner in (service, getattr(service, "node", None)):
+        life = getattr(owner, "lifecycle", None)
+        if isinstance(life, Lifecycle):
+            return life
+    return None
+
+
 async def _serve(
     name: str, build: Callable[[], Awaitable[Service]], watchdog: StopWatchdog
-) -> None:
+) -> bool:
+    """Serves until a signal (True) or until the service's lifecycle stops by itself (False);
+    either way the service is stopped before it returns."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -95,9 +113,34 @@ async def _serve(
     service = await build()
     await service.start()
     settle_heap()
-    logging.getLogger(name).info("%s ready", name)
-    await stop.wait()
-    logging.getLogger(name).info("%s stopping", name)
+    logger = logging.getLogger(name)
+    logger.info("%s ready", name)
+    signalled = await _until_stopped(stop, lifecycle_of(service), logger)
+    logger.info("%s stopping", name)
     # Armed until the process ends: the interpreter's exit, which joins worker threads, too.
     watchdog.arm()
     await service.stop()
+    return signalled
+
+
+async def _until_stopped(
+    stop: asyncio.Event, life: Lifecycle | None, logger: logging.Logger
+) -> bool:
+    """Waits for a stop signal or for ``life`` to stop by itself; True for the signal."""
+    signal_seen = awaited_task(stop.wait(), "stop signal")
+    ended = awaited_task(life.wait(), "lifecycle") if life is not None else None
+    waiting = {signal_seen} if ended is None else {signal_seen, ended}
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waiting:
+            task.cancel()
+    if ended is None or not ended.done() or ended.cancelled():
+        return True
+    failure = ended.exception()
+    if failure is None:
+        logger.error("the service's tasks stopped by themselves; stopping")
+    else:
+        # The lifecycle logged the failure's traceback when it happened.
+        logger.error("a fatal task failure stopped the service: %r", failure.__cause__)
+    return False

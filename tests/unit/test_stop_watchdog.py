@@ -35,10 +35,12 @@ SERVICE = textwrap.dedent(
 )
 
 
-def run_and_stop(mode: str) -> tuple[int, str]:
+def run_and_stop(mode: str, source: str = SERVICE, stop: bool = True) -> tuple[int, str]:
+    """Runs ``source`` in a child until it prints "started", sends it SIGTERM unless ``stop``
+    is False, and returns its exit status and output."""
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVICE, mode],
+        [sys.executable, "-c", source, mode],
         cwd=root,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -46,7 +48,8 @@ def run_and_stop(mode: str) -> tuple[int, str]:
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "started"
-    proc.send_signal(signal.SIGTERM)
+    if stop:
+        proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=30)
     return proc.returncode, output
 

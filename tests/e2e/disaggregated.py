@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ import httpx
 from openai import AsyncOpenAI
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.e2e.heartbeats import busy, fresh_heartbeats, idle, nats_url, next_beat
 from tests.e2e.stack import Stack
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -71,8 +71,9 @@ def debug_view(stack: Stack, response_id: str, api_key: str) -> dict[str, Any]:
 
 
 def run(stack: Stack, model_name: str, api_key: str) -> Disaggregated:
-    urls = endpoints(stack)
-    time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
+    urls, bus = endpoints(stack), nats_url(stack)
+    # The scheduler places by heartbeats: wait until they count the earlier tests' requests done.
+    asyncio.run(next_beat(bus, "decode-0", idle, "decode-0 idle"))
     before = scrape(urls["decode-0"])[1]
     kept_local: list[dict[str, Any]] = []
     for attempt in range(TRIES):
@@ -82,7 +83,8 @@ def run(stack: Stack, model_name: str, api_key: str) -> Disaggregated:
         response_id, handed = asyncio.run(
             long_prompt_beside_a_stream(stack, model_name, api_key, report, urls["prefill-0"])
         )
-        time.sleep(1.0)
+        # The nodes refresh their metrics with each heartbeat's snapshot.
+        asyncio.run(fresh_heartbeats(bus, ("prefill-0", "decode-0")))
         prefill_after = scrape(urls["prefill-0"])[1]
         if handed_over(prefill_after) > handed:
             break
@@ -122,7 +124,7 @@ async def long_prompt_beside_a_stream(
 
     streaming = asyncio.create_task(stream())
     await asyncio.wait_for(started.wait(), 120)
-    await asyncio.sleep(1.5)  # the decode node's next heartbeats count the stream
+    await next_beat(nats_url(stack), "decode-0", busy, "decode-0's heartbeat counting the stream")
     assert not streaming.done()
     handed = handed_over((await asyncio.to_thread(scrape, prefill_url))[1])
     long = await aclient.chat.completions.create(

@@ -20,10 +20,11 @@ from openai import OpenAI
 from shared.cluster_messages import NodeStatus
 from tests.e2e.cachemeta_proc import CacheMetaProcess, catalogue_stats
 from tests.e2e.conftest import ALICE_KEY, BOB_KEY, stack_env
+from tests.e2e.heartbeats import fresh_heartbeats, model_nodes
 from tests.e2e.stack import Stack, collect_logs
-from tests.e2e.test_openai_e2e import latest_heartbeats
 from tests.support import postgres
 from tests.support.nats import NatsServer
+from tests.support.wait import wait_until
 
 pytestmark = [
     pytest.mark.slow,
@@ -109,19 +110,24 @@ def ask(client: OpenAI, prompt: str, max_tokens: int = 8) -> Answer:
 
 def placements(gs: GlobalStack, last: int = 6) -> str:
     """The scheduler's last placements and warnings: why a prompt was (not) found cached."""
-    log = gs.stack.data_dir / "logs" / "scheduler-0.log"
-    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    lines = gs.stack.log("scheduler-0").splitlines()
     wanted = [line for line in lines if " placing " in line or "WARNING" in line]
     return "\n".join(wanted[-last:])
+
+
+def num_placed(gs: GlobalStack) -> int:
+    """Requests the scheduler has placed (it logs each placement at DEBUG)."""
+    return gs.stack.log("scheduler-0").count(" placing ")
 
 
 def document(topic: str, lines: int) -> str:
     return " ".join(f"Note {i} on {topic}: entry {i * 7 % 13} of the ledger." for i in range(lines))
 
 
-def prefill_counters(nats_url: str, role: str = "prefill") -> dict[str, NodeStatus]:
-    beats = asyncio.run(latest_heartbeats(nats_url))
-    return {k: v for k, v in beats.items() if v.role == role}
+def prefill_counters(gs: GlobalStack, role: str = "prefill") -> dict[str, NodeStatus]:
+    """The counters of every node of ``role``, as they stand after what was done till now."""
+    nodes = [n for n in model_nodes(gs.stack) if n.startswith(f"{role}-")]
+    return asyncio.run(fresh_heartbeats(gs.nats_url, nodes))
 
 
 def num_replicas(gs: GlobalStack) -> int:
@@ -129,13 +135,8 @@ def num_replicas(gs: GlobalStack) -> int:
     return 0 if stats is None else stats.num_replicas
 
 
-def wait_catalogued(gs: GlobalStack, min_replicas: int, timeout_s: float = 15) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if num_replicas(gs) >= min_replicas:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"cachemeta never held {min_replicas} replicas")
+def wait_catalogued(gs: GlobalStack, min_replicas: int) -> None:
+    wait_until(lambda: num_replicas(gs) >= min_replicas, f"cachemeta to hold {min_replicas}")
 
 
 def test_a_long_prompt_asked_again_comes_from_the_cache(gstack: GlobalStack) -> None:
@@ -162,14 +163,16 @@ def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStac
     known = num_replicas(gstack)
     warm = ask(client, shared, max_tokens=1)
     wait_catalogued(gstack, known + (warm.prompt_tokens - 1) // 32)
-    before = prefill_counters(gstack.nats_url)
+    before = prefill_counters(gstack)
     with ThreadPoolExecutor(1) as pool:
+        placed = num_placed(gstack)
         busy = pool.submit(ask, client, shared + " " + document("glaciers", 90), 1)
-        time.sleep(0.3)  # placed and computing; its first token is still far off
+        # Placed, so computing: its first token is still far off.
+        wait_until(lambda: num_placed(gstack) > placed, "the extension placed")
         question = shared + " Which note mentions entry 5?"
         pulled = ask(client, question)
         extension = busy.result(timeout=300)
-    after = prefill_counters(gstack.nats_url)
+    after = prefill_counters(gstack)
     received = sum(after[n].kv_bytes_received - before[n].kv_bytes_received for n in after)
     computed = sum(
         after[n].prompt_tokens_computed - before[n].prompt_tokens_computed for n in after
@@ -196,10 +199,10 @@ def test_the_next_turn_pulls_the_reply_from_the_decode_node(gstack: GlobalStack)
     # Prefill holds the prompt's blocks; decode holds them and the reply's (its KV minus the
     # last sampled token).
     wait_catalogued(gstack, known + p // 32 + (p + 99) // 32)
-    before = prefill_counters(gstack.nats_url, "decode")
+    before = prefill_counters(gstack, "decode")
     second_prompt = history + first.text + " Which note mentions entry 5?"
     second = ask(client, second_prompt)
-    after = prefill_counters(gstack.nats_url, "decode")
+    after = prefill_counters(gstack, "decode")
     sent = sum(after[n].kv_bytes_sent - before[n].kv_bytes_sent for n in after)
     assert sent > 0
     # At least two blocks of the reply came from the decode node's cache.
@@ -225,13 +228,15 @@ def test_cachemeta_restart_and_database_outage_fail_no_request(gstack: GlobalSta
     assert hit.cached_tokens >= 0.9 * hit.prompt_tokens, (hit, placements(gstack))
     assert hit.text == cold.text
 
+    before_cut = num_replicas(gstack)
     postgres.cut_off(gstack.database)
     try:
         during = ask(client, document("forests", 60))
         assert during.text
     finally:
         postgres.restore(gstack.database)
-    time.sleep(2)  # the nodes resync their blocks once writes work again
+    # The nodes resync their blocks once writes work again.
+    wait_catalogued(gstack, before_cut + during.prompt_tokens // 32)
     again = ask(client, document("forests", 60))
     assert again.cached_tokens >= 0.9 * again.prompt_tokens, (again, placements(gstack))
     assert again.text == during.text

@@ -126,6 +126,8 @@ def test_a_drop_frees_the_quota_and_keeps_end_on_their_time(keeps: KeepStack) ->
     keeps.ttl_asked_at = time.monotonic()
     keeps.ask("timed", keep={"ttl_s": TTL_S})
     keeps.ask("control")
+    # The keep's TTL must run out: time the scenario needs (nothing shows its end but the
+    # eviction the next test looks for), not synchronisation.
     time.sleep(max(keeps.ttl_asked_at + TTL_S + 0.5 - time.monotonic(), 0))
 
 

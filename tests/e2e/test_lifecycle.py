@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from openai import OpenAI
 from tests.e2e.conftest import ALICE_KEY, stack_env
 from tests.e2e.stack import Stack, collect_logs, processes_marked
 from tests.support.nats import NatsServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -33,10 +33,7 @@ def test_up_serves_over_tcp_and_stops_without_leftovers(
     finally:
         status = stack.stop()
     assert status == 0, collect_logs(tmp_path)
-    deadline = time.monotonic() + 10
-    while processes_marked(stack.up_id) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert processes_marked(stack.up_id) == []
+    wait_until(lambda: processes_marked(stack.up_id) == [], "every process of the stack gone")
 
 
 def test_up_with_its_own_nats_server_cleans_up_too(tmp_path: Path, cache_dir: Path) -> None:
@@ -45,5 +42,4 @@ def test_up_with_its_own_nats_server_cleans_up_too(tmp_path: Path, cache_dir: Pa
     names = {Path(f"/proc/{pid}/exe").resolve().name for pid in processes_marked(stack.up_id)}
     assert "nats-server" in names
     assert stack.stop() == 0
-    time.sleep(0.5)
-    assert processes_marked(stack.up_id) == []
+    wait_until(lambda: processes_marked(stack.up_id) == [], "every process of the stack gone")

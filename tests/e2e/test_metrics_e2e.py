@@ -4,13 +4,14 @@ repeated prompt, transfer bytes on a disaggregated request."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-import time
 
 import pytest
 from openai import OpenAI
 
 from tests.e2e.disaggregated import Disaggregated, endpoints, scrape, total
+from tests.e2e.heartbeats import fresh_heartbeats, model_nodes, nats_url
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -90,12 +91,16 @@ def test_a_repeated_prompt_raises_cached_tokens_everywhere(client: OpenAI, stack
         assert answer.usage is not None and answer.usage.prompt_tokens_details is not None
         return answer.usage.prompt_tokens_details.cached_tokens or 0
 
+    def refreshed() -> None:
+        """The nodes' next heartbeats refresh their metrics with what was done till now."""
+        asyncio.run(fresh_heartbeats(nats_url(stack), model_nodes(stack)))
+
     ask()
-    time.sleep(1.0)  # a heartbeat refreshes the nodes' gauges
+    refreshed()
     before = {name: scrape(url)[1] for name, url in urls.items()}
     cached = ask()
     assert cached >= 32
-    time.sleep(1.0)
+    refreshed()
     after = {name: scrape(url)[1] for name, url in urls.items()}
 
     def rise(service: str, metric: str, **labels: str) -> float:

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,20 +16,19 @@ import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
 
-from shared import subjects
-from shared.bus import NatsBus
-from shared.cluster_messages import NodeStatus
 from shared.model.tokenizer import Tokenizer
 from shared.sampling_params import SamplingParams
 from tests.conftest import RealEngineFactory
 from tests.e2e import disaggregated
 from tests.e2e.conftest import ALICE_KEY, BOB_KEY
+from tests.e2e.heartbeats import busy, fresh_heartbeats, idle, next_beat
 from tests.e2e.stack import Stack
 from tests.support.nats import NatsServer
 
 pytestmark = pytest.mark.slow
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
+NODES = ("prefill-0", "decode-0")
 
 
 def crescent_generate(cache_dir: Path, *args: str) -> str:
@@ -180,7 +178,8 @@ def test_a_short_prompt_is_prefilled_on_the_decode_node_and_a_long_one_crosses_u
     """Conditional disaggregation: a prompt of a few tokens costs less on the decode node than
     a hand-off; a long one beside a decoding stream would pause it longer than a hand-off
     takes, so a prefill node computes it and its KV crosses UCX."""
-    time.sleep(1.5)  # the decode node's heartbeats count the earlier tests' requests done
+    # The scheduler places by heartbeats: wait until they count the earlier tests' requests done.
+    asyncio.run(next_beat(nats_server.url, "decode-0", idle, "decode-0 idle"))
     short = client.completions.create(
         model=model_name, prompt="The capital of France is", max_tokens=8, temperature=0
     )
@@ -188,18 +187,20 @@ def test_a_short_prompt_is_prefilled_on_the_decode_node_and_a_long_one_crosses_u
     short_view = debug_view(stack, short.id)
     assert short_view["placed"] == {"prefill_node": "decode-0", "decode_node": "decode-0"}
     assert "kv_handoff" not in short_view["phases_s"], short_view
-    before = asyncio.run(latest_heartbeats(nats_server.url))["decode-0"].kv_bytes_received
+    before = asyncio.run(fresh_heartbeats(nats_server.url, NODES))["decode-0"].kv_bytes_received
 
     report = " ".join(
         f"Line {i} of a long report on the tides at {os.getpid()}." for i in range(90)
     )
-    long_id, streamed = asyncio.run(long_prompt_beside_a_stream(stack, model_name, report))
+    long_id, streamed = asyncio.run(
+        long_prompt_beside_a_stream(stack, model_name, report, nats_server.url)
+    )
     assert "1" in streamed and "10" in streamed  # the stream went on
     long_view = debug_view(stack, long_id)
     assert long_view["prompt_tokens"] > 1000
     assert long_view["placed"] == {"prefill_node": "prefill-0", "decode_node": "decode-0"}
     assert long_view["phases_s"]["kv_handoff"] > 0, long_view
-    beats = asyncio.run(latest_heartbeats(nats_server.url))
+    beats = asyncio.run(fresh_heartbeats(nats_server.url, NODES))
     prefill, decode = beats["prefill-0"], beats["decode-0"]
     assert prefill.pid != decode.pid and stack.proc.pid not in (prefill.pid, decode.pid)
     assert prefill.transfer_kind == "ucx" and decode.local_prefill
@@ -208,7 +209,7 @@ def test_a_short_prompt_is_prefilled_on_the_decode_node_and_a_long_one_crosses_u
 
 
 async def long_prompt_beside_a_stream(
-    stack: Stack, model_name: str, prompt: str
+    stack: Stack, model_name: str, prompt: str, nats_url: str
 ) -> tuple[str, str]:
     """Sends ``prompt`` once a long stream is decoding (and the scheduler has seen it on the
     decode node); returns the long request's id and the stream's text up to then. The stream
@@ -235,7 +236,7 @@ async def long_prompt_beside_a_stream(
 
     streaming = asyncio.create_task(stream())
     await asyncio.wait_for(started.wait(), 120)
-    await asyncio.sleep(1.5)  # the decode node's next heartbeats count the stream
+    await next_beat(nats_url, "decode-0", busy, "decode-0's heartbeat counting the stream")
     assert not streaming.done()
     long = await aclient.chat.completions.create(
         model=model_name,
@@ -252,19 +253,6 @@ async def long_prompt_beside_a_stream(
 
 def debug_view(stack: Stack, response_id: str) -> dict[str, Any]:
     return disaggregated.debug_view(stack, response_id, ALICE_KEY)
-
-
-async def latest_heartbeats(nats_url: str) -> dict[str, NodeStatus]:
-    bus = await NatsBus.connect(nats_url, "e2e-observer")
-    beats: dict[str, NodeStatus] = {}
-
-    async def on_beat(status: NodeStatus) -> None:
-        beats[status.node_id] = status
-
-    await bus.subscribe(subjects.HEARTBEATS_ALL, NodeStatus, on_beat)
-    await asyncio.sleep(1.5)  # three heartbeat intervals
-    await bus.close()
-    return beats
 
 
 def test_sixteen_concurrent_streams_all_complete_correctly(

@@ -6,6 +6,7 @@ its nodes' names: the session's stack must not be up beside it.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -20,6 +21,7 @@ import pytest
 from openai import OpenAI
 
 from crescent.cli import main
+from tests.e2e.heartbeats import fresh_heartbeats, model_nodes, nats_url
 from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.slow
@@ -120,7 +122,7 @@ def test_the_page_shows_the_figures_of_the_status_json(
     prompt = " ".join(f"Dashboard fact {i} of run {os.getpid()}." for i in range(24))
     for _ in range(2):  # the second is served from the cache
         client.completions.create(model=model_name, prompt=prompt, max_tokens=4, temperature=0)
-    time.sleep(1.5)  # every node's next heartbeat
+    asyncio.run(fresh_heartbeats(nats_url(stack), model_nodes(stack)))  # figures refreshed
     base = stack.base_url.removesuffix("/v1")
     before = httpx.get(f"{base}/status", timeout=10).json()
     dom = render(f"{base}/dashboard", tmp_path / "profile", "--dump-dom").stdout

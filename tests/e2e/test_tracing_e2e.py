@@ -40,7 +40,7 @@ def trace_of(receiver: OtlpReceiver, response_id: str, timeout_s: float = 20) ->
             return spans
         if time.monotonic() > deadline:
             return spans
-        time.sleep(0.2)
+        time.sleep(0.2)  # poll interval until the deadline
 
 
 def test_a_disaggregated_requests_trace_is_whole(

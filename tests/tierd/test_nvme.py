@@ -169,7 +169,7 @@ from tests.tierd.blocks import make_block
 
 def crash_before_rename(src, dst):
     print("written", flush=True)
-    time.sleep(60)
+    time.sleep(60)  # stays between write and rename until the test kills it
 
 nvme.os.replace = crash_before_rename
 store = nvme.NvmeStore(Path(sys.argv[1]), capacity_bytes=1 << 30)

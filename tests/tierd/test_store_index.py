@@ -47,7 +47,7 @@ def test_keyed_locks_serialise_one_key_and_vanish_when_free() -> None:
         second = asyncio.create_task(hold(b"k", "second"))
         other = asyncio.create_task(hold(b"other", "other"))
         await other  # another key does not wait
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn (no time): the second task reaches the lock
         assert order == ["first in", "other in", "other out"]
         assert len(locks) == 1  # b"k", held and awaited; b"other" is gone
         release.set()
@@ -61,7 +61,7 @@ def test_keyed_locks_serialise_one_key_and_vanish_when_free() -> None:
         holder = asyncio.create_task(hold(b"k", "holder", gate))
         await inside.wait()
         waiter = asyncio.create_task(hold(b"k", "waiter"))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn (no time): the waiter queues on the lock
         waiter.cancel()
         await asyncio.gather(waiter, return_exceptions=True)
         gate.set()

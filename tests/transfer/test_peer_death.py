@@ -67,7 +67,7 @@ def test_server_killed_mid_pull_fails_that_pull_not_the_puller(
     try:
         puller = start_puller(doomed, "--lease", lease, "--then", live.address.hex())
         try:
-            time.sleep(kill_after_s)
+            time.sleep(kill_after_s)  # where in the pull the kill lands: the scenario's timing
             doomed.kill()
             killed_at = time.monotonic()
             failed = read_line(puller, PULL_TIMEOUT_S + 5.0)
@@ -88,7 +88,7 @@ def test_puller_killed_mid_pull_leaves_the_server_serving(
     run: asyncio.Runner, live: PeerProcess
 ) -> None:
     puller = start_puller(live)
-    time.sleep(0.2)
+    time.sleep(0.2)  # the kill lands mid-pull: the scenario's timing, not a wait
     puller.kill()
     puller.wait(10)
     client = create_client("ucx", timeout_s=PULL_TIMEOUT_S)

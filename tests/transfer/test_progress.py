@@ -49,7 +49,8 @@ def test_idle_server_and_client_sleep_between_pulls(run: asyncio.Runner) -> None
         dest = [np.zeros(1_474_560, dtype=np.uint8) for _ in range(4)]
         assert run.run(client.pull(server.address, LEASE, [0, 1, 2, 3], dest)) > 0
         server_cpu, own_cpu = cpu_seconds(server.proc.pid), time.process_time()
-        run.run(asyncio.sleep(IDLE_S))  # this loop idles too, with its UCX worker attached
+        # The idle time measured (this loop idles too, with its UCX worker attached).
+        run.run(asyncio.sleep(IDLE_S))
         assert cpu_seconds(server.proc.pid) - server_cpu < MAX_IDLE_CPU_S
         assert time.process_time() - own_cpu < MAX_IDLE_CPU_S
         # ...and wakes up for the next pull

@@ -101,7 +101,9 @@ def test_stalled_server_times_out_and_never_writes_late(
     with pytest.raises(TransferError, match="timed out"):
         run.run(client.pull(peer.address, "slow", [1, 2], dest, timeout_s=0.4))
     assert time.monotonic() - start < 1.4
-    run.run(asyncio.sleep(SLOW_S))  # the server wakes up and answers the abandoned pull
+    # The stalled server's own delay must pass for it to answer the abandoned pull: scenario
+    # time, during which a late write would land.
+    run.run(asyncio.sleep(SLOW_S))
     assert not any(d.any() for d in dest)
     ok = zeros(3)
     run.run(client.pull(peer.address, LEASE, [1, 2, 3], ok))

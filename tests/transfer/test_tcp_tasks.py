@@ -13,6 +13,7 @@ import pytest
 
 from shared.transfer.tcp import TcpTransferServer
 from shared.transfer.tcp_deadlines import Deadlines
+from tests.support.wait import wait_for_condition
 from tests.transfer.test_tcp_limits import DEADLINE_S, closed_at, connect, healthy_pull, serving
 
 
@@ -75,9 +76,7 @@ def test_closing_ends_every_connection_and_the_listening_socket(run: asyncio.Run
         server = TcpTransferServer(lambda lease, ids: None)
         await server.start()
         clients = [await connect(server) for _ in range(3)]
-        async with asyncio.timeout(2.0):
-            while server.connections < 3:
-                await asyncio.sleep(0.01)
+        await wait_for_condition(lambda: server.connections == 3, "three connections served")
         await server.close()
         assert server.connections == 0
         for sock in clients:

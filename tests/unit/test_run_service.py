@@ -36,7 +36,7 @@ SERVICE = textwrap.dedent(
             print("started", flush=True)
 
         async def fail(self):
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # the task's short life before it breaks: the scenario
             raise RuntimeError("the doomed task broke")
 
         async def stop(self):

@@ -117,5 +117,6 @@ def test_a_failed_endpoint_is_dropped_and_its_address_refused(run: asyncio.Runne
     start = time.monotonic()
     with pytest.raises(TransferError, match="gone"):  # refused at once, no new endpoint
         run.run(client.pull(doomed.address, LEASE, [0, 1], dest))
-    assert time.monotonic() - start < 0.1
+    # Well under a keepalive round (a second), with room for a busy host.
+    assert time.monotonic() - start < 0.5
     assert address not in endpoints

@@ -20,6 +20,7 @@ from openai import OpenAI
 from shared.cluster_messages import NodeStatus
 from tests.e2e.cachemeta_proc import CacheMetaProcess, catalogue_stats
 from tests.e2e.conftest import ALICE_KEY, BOB_KEY, stack_env
+from tests.e2e.disaggregated import endpoints, scrape, total
 from tests.e2e.heartbeats import fresh_heartbeats, model_nodes
 from tests.e2e.stack import Stack, collect_logs
 from tests.support import postgres
@@ -115,9 +116,10 @@ def placements(gs: GlobalStack, last: int = 6) -> str:
     return "\n".join(wanted[-last:])
 
 
-def num_placed(gs: GlobalStack) -> int:
-    """Requests the scheduler has placed (it logs each placement at DEBUG)."""
-    return gs.stack.log("scheduler-0").count(" placing ")
+def num_placed(gs: GlobalStack) -> float:
+    """Requests the scheduler has placed: offered to a prefill node, which accepted them."""
+    samples = scrape(endpoints(gs.stack)["scheduler-0"])[1]
+    return total(samples, "crescent_placements_total")
 
 
 def document(topic: str, lines: int) -> str:
@@ -167,7 +169,7 @@ def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStac
     with ThreadPoolExecutor(1) as pool:
         placed = num_placed(gstack)
         busy = pool.submit(ask, client, shared + " " + document("glaciers", 90), 1)
-        # Placed, so computing: its first token is still far off.
+        # Placed (accepted by its node), so computing: its first token is still far off.
         wait_until(lambda: num_placed(gstack) > placed, "the extension placed")
         question = shared + " Which note mentions entry 5?"
         pulled = ask(client, question)

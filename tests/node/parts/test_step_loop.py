@@ -19,13 +19,6 @@ from tests.node.parts.rig import PLAIN, prompt
 from tests.support.wait import wait_until
 
 
-@pytest.fixture
-def thread() -> Iterator[ThreadPoolExecutor]:
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-engine")
-    yield pool
-    pool.shutdown(wait=True)
-
-
 class Delivered:
     """Owns what the loop handed over, under a lock: it is appended on the engine thread."""
 
@@ -44,53 +37,70 @@ class Delivered:
             )
 
 
-def gated_steps(engine: LLMEngine, journal: list[str]) -> threading.Event:
-    """Makes the engine's first step wait for the returned event; every step is journaled."""
-    gate, step = threading.Event(), engine.step
+class Loops:
+    """Owns the engine thread of a test, the gate its first step may wait on, and the loops
+    it started; ``close`` opens the gate and stops them, so a broken loop fails its test
+    instead of hanging the run."""
 
-    def gated() -> list[RequestOutput]:
-        journal.append("step")
-        if journal.count("step") == 1:
-            gate.wait(30)
-        return step()
+    def __init__(self) -> None:
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="test-engine")
+        self.gate = threading.Event()
+        self.started: list[StepLoop] = []
 
-    engine.step = gated  # type: ignore[method-assign]
-    return gate
+    def start(self, engine: LLMEngine, delivered: Delivered) -> StepLoop:
+        loop = StepLoop(engine, self.thread, delivered)
+        self.started.append(loop)
+        loop.start()
+        return loop
+
+    def in_first_step(self, engine: LLMEngine, journal: list[str]) -> tuple[StepLoop, Delivered]:
+        """A started loop stepping request "r", its first step held until ``gate`` is set;
+        every step is journaled."""
+        step = engine.step
+
+        def gated() -> list[RequestOutput]:
+            journal.append("step")
+            if journal.count("step") == 1:
+                self.gate.wait(30)
+            return step()
+
+        engine.step = gated  # type: ignore[method-assign]
+        delivered = Delivered()
+        loop = self.start(engine, delivered)
+        loop.submit(partial(engine.add_request, "r", prompt(1), PLAIN)).result(10)
+        wait_until(lambda: loop.step_started is not None, "the first step to start")
+        return loop, delivered
+
+    def close(self) -> None:
+        self.gate.set()
+        for loop in self.started:
+            loop.wake()
+            loop.stop()
+        self.thread.shutdown(wait=True)
 
 
-def in_first_step(
-    engine: LLMEngine, thread: ThreadPoolExecutor, journal: list[str]
-) -> tuple[StepLoop, threading.Event, Delivered]:
-    """A started loop stepping request "r", its first step held until the returned gate
-    is set."""
-    delivered = Delivered()
-    gate = gated_steps(engine, journal)
-    loop = StepLoop(engine, thread, delivered)
-    loop.start()
-    loop.submit(partial(engine.add_request, "r", prompt(1), PLAIN)).result(10)
-    wait_until(lambda: loop.step_started is not None, "the first step to start")
-    return loop, gate, delivered
+@pytest.fixture
+def loops() -> Iterator[Loops]:
+    owner = Loops()
+    yield owner
+    owner.close()
 
 
 def test_changes_queued_during_a_step_run_before_the_next(
-    make_engine: EngineFactory, thread: ThreadPoolExecutor
+    make_engine: EngineFactory, loops: Loops
 ) -> None:
     engine, journal = make_engine(), list[str]()
-    loop, gate, delivered = in_first_step(engine, thread, journal)
-    try:
-        done = [loop.submit(partial(journal.append, f"change{i}")) for i in range(3)]
-        gate.set()
-        for future in done:
-            future.result(10)
-        wait_until(lambda: delivered.finished("r") is not None, "the request to finish")
-    finally:
-        gate.set()
-        loop.stop()
+    loop, delivered = loops.in_first_step(engine, journal)
+    done = [loop.submit(partial(journal.append, f"change{i}")) for i in range(3)]
+    loops.gate.set()
+    for future in done:
+        future.result(10)
+    wait_until(lambda: delivered.finished("r") is not None, "the request to finish")
     assert journal[:5] == ["step", "change0", "change1", "change2", "step"]
 
 
 def test_steps_that_keep_raising_fail_every_request(
-    make_engine: EngineFactory, thread: ThreadPoolExecutor
+    make_engine: EngineFactory, loops: Loops
 ) -> None:
     engine, delivered = make_engine(), Delivered()
     raised = [0]
@@ -100,16 +110,12 @@ def test_steps_that_keep_raising_fail_every_request(
         raise RuntimeError("a bug in the step")
 
     engine.step = broken  # type: ignore[method-assign]
-    loop = StepLoop(engine, thread, delivered)
-    loop.start()
-    try:
-        for rid in ("a", "b"):
-            loop.submit(partial(engine.add_request, rid, prompt(2), PLAIN)).result(10)
-        wait_until(lambda: delivered.finished("b") is not None, "the requests to fail")
-        # The loop is idle once they failed: it stepped no more than the failures allowed.
-        loop.submit(lambda: None).result(10)
-    finally:
-        loop.stop()
+    loop = loops.start(engine, delivered)
+    for rid in ("a", "b"):
+        loop.submit(partial(engine.add_request, rid, prompt(2), PLAIN)).result(10)
+    wait_until(lambda: delivered.finished("b") is not None, "the requests to fail")
+    # The loop is idle once they failed: it stepped no more than the failures allowed.
+    loop.submit(lambda: None).result(10)
     for rid in ("a", "b"):
         failed = delivered.finished(rid)
         assert failed is not None and failed.finish_reason is FinishReason.ERROR and failed.error
@@ -117,26 +123,20 @@ def test_steps_that_keep_raising_fail_every_request(
     assert not engine.has_unfinished_requests()
 
 
-def test_stop_runs_the_changes_still_queued(
-    make_engine: EngineFactory, thread: ThreadPoolExecutor
-) -> None:
+def test_stop_runs_the_changes_still_queued(make_engine: EngineFactory, loops: Loops) -> None:
     engine, journal = make_engine(), list[str]()
-    loop, gate, _ = in_first_step(engine, thread, journal)
+    loop, _ = loops.in_first_step(engine, journal)
+
+    def late_change() -> int:
+        journal.append("queued")
+        return 7
+
+    queued = loop.submit(late_change)
     stopper = threading.Thread(target=loop.stop)
-    try:
-
-        def late_change() -> int:
-            journal.append("queued")
-            return 7
-
-        queued = loop.submit(late_change)
-        stopper.start()
-        wait_until(lambda: loop._stopping, "stop to be asked")
-        gate.set()
-        stopper.join(30)
-    finally:
-        gate.set()
-        loop.stop()
+    stopper.start()
+    wait_until(lambda: loop._stopping, "stop to be asked")
+    loops.gate.set()
+    stopper.join(30)
     assert not stopper.is_alive()
     assert queued.result(0) == 7
     assert journal == ["step", "queued"]  # no step after the one stop waited for

@@ -121,7 +121,7 @@ async def serving_node(
 ) -> AsyncIterator[NodeServing]:
     """One node's serving parts around a started host, wired as ``NodeRuntime`` wires them
     (no role, no subscriptions: a test calls the parts itself); the host's outputs go to
-    ``on_outputs``, else nowhere."""
+    ``on_outputs``, else to a record nobody reads."""
     settings = node_settings(PrefillSettings, NODE, **overrides)
     leases = LeaseTable(settings.lease_ttl_s)
     blocks: list[BlockServer] = []
@@ -137,8 +137,10 @@ async def serving_node(
         async def beat() -> None:
             return None
 
-        yield NodeServing(
-            settings, NODE, "epoch-1", RequestTable(), leases, host, bus,
-            NodeMetrics(NODE, "prefill"), puller, blocks[0], sinks, address, beat,
-        )  # fmt: skip
-        await puller.close()
+        try:
+            yield NodeServing(
+                settings, NODE, "epoch-1", RequestTable(), leases, host, bus,
+                NodeMetrics(NODE, "prefill"), puller, blocks[0], sinks, address, beat,
+            )  # fmt: skip
+        finally:
+            await puller.close()

@@ -21,7 +21,7 @@ from shared.cluster_messages import NodeStatus
 from tests.e2e.cachemeta_proc import CacheMetaProcess, catalogue_stats
 from tests.e2e.conftest import ALICE_KEY, BOB_KEY, stack_env
 from tests.e2e.disaggregated import endpoints, scrape, total
-from tests.e2e.heartbeats import fresh_heartbeats, model_nodes
+from tests.e2e.heartbeats import Heard, busy, fresh_heartbeats, heard_until, model_nodes
 from tests.e2e.stack import Stack, collect_logs
 from tests.support import postgres
 from tests.support.nats import NatsServer
@@ -65,6 +65,10 @@ def gstack(
             "CRESCENT_LOCAL_PREFILL": "false",
             # The scheduler logs each placement's reasoning at DEBUG (see `placements`).
             "CRESCENT_LOG_LEVEL": "DEBUG",
+            # A node computing one prompt refuses another, so a request sent beside one goes to
+            # the other node whatever placement predicts (a short prompt would otherwise
+            # overtake the long one on the node that holds its prefix).
+            "CRESCENT_MAX_WAITING": "1",
         }
         stack = Stack.start(data_dir, env, ["--prefill", "2"])
         try:
@@ -126,6 +130,15 @@ def document(topic: str, lines: int) -> str:
     return " ".join(f"Note {i} on {topic}: entry {i * 7 % 13} of the ledger." for i in range(lines))
 
 
+async def a_prefill_node_busy(gs: GlobalStack) -> None:
+    prefills = [n for n in model_nodes(gs.stack) if n.startswith("prefill-")]
+
+    def any_busy(heard: Heard) -> bool:
+        return any(busy(s) for n in prefills for s in heard.get(n, []))
+
+    await heard_until(gs.nats_url, any_busy, "a prefill node's beat counting the extension")
+
+
 def prefill_counters(gs: GlobalStack, role: str = "prefill") -> dict[str, NodeStatus]:
     """The counters of every node of ``role``, as they stand after what was done till now."""
     nodes = [n for n in model_nodes(gs.stack) if n.startswith(f"{role}-")]
@@ -157,9 +170,10 @@ def test_a_long_prompt_asked_again_comes_from_the_cache(gstack: GlobalStack) -> 
 
 def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStack) -> None:
     """A prefix cached on one prefill node; then two requests on it at once: a long extension
-    that keeps a node busy, and a question. Both nodes serve, so one of them works on a
-    prefix it does not hold: it must pull it (bytes received) and compute only the tokens no
-    node had (prompt tokens computed, summed over the nodes, are exactly the uncached ones)."""
+    that keeps a node busy, and a question, which that node refuses while it computes (one
+    prompt at a time in this stack). So one node works on a prefix it does not hold: it must
+    pull it (bytes received) and compute only the tokens no node had (prompt tokens
+    computed, summed over the nodes, are exactly the uncached ones)."""
     client = gstack.client()
     shared = document("mountains", 50)
     known = num_replicas(gstack)
@@ -168,9 +182,11 @@ def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStac
     before = prefill_counters(gstack)
     with ThreadPoolExecutor(1) as pool:
         placed = num_placed(gstack)
-        busy = pool.submit(ask, client, shared + " " + document("glaciers", 90), 1)
+        busy = pool.submit(ask, client, shared + " " + document("glaciers", 150), 1)
         # Placed (accepted by its node), so computing: its first token is still far off.
         wait_until(lambda: num_placed(gstack) > placed, "the extension placed")
+        # The question is sent while the extension computes: a beat shows its node busy.
+        asyncio.run(a_prefill_node_busy(gstack))
         question = shared + " Which note mentions entry 5?"
         pulled = ask(client, question)
         extension = busy.result(timeout=300)
@@ -191,8 +207,9 @@ def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStac
 
 
 def test_the_next_turn_pulls_the_reply_from_the_decode_node(gstack: GlobalStack) -> None:
-    """Only the decode node holds the KV of a reply it generated; the next turn, whose prompt
-    carries that reply, pulls those blocks from it instead of recomputing them."""
+    """Only the decode node holds the KV of a reply it generated (and, once written down, its
+    host's tierd); the next turn, whose prompt carries that reply, pulls those blocks instead
+    of recomputing them."""
     client = gstack.client()
     history = document("canals", 20)
     known = num_replicas(gstack)
@@ -206,7 +223,9 @@ def test_the_next_turn_pulls_the_reply_from_the_decode_node(gstack: GlobalStack)
     second = ask(client, second_prompt)
     after = prefill_counters(gstack, "decode")
     sent = sum(after[n].kv_bytes_sent - before[n].kv_bytes_sent for n in after)
-    assert sent > 0
+    # From the decode node's pool, or from tierd's copy of those blocks once its sink wrote
+    # them down (placement prices that lower; when it happens depends on the host's pace).
+    assert sent > 0 or second.below_dram_tokens > 0, (sent, second)
     # At least two blocks of the reply came from the decode node's cache.
     assert second.cached_tokens >= (p // 32 + 2) * 32, (first, second)
     reference = ask(gstack.client(BOB_KEY), second_prompt)  # another tenant: computed cold

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODE_CODE = ("shared/node", "services/prefill", "services/decode")
 #: Files that only wire parts together may name the engine itself.
 WIRING = {"main.py", "runtime.py"}
+ENGINE_MODULE = "shared.engine.engine"
 ENGINE_INTERNALS = {"runner", "pool", "exchange", "keeps"}
 ROLES = (
     "services/prefill/handlers.py",
@@ -46,17 +47,21 @@ def test_a_stage_is_assigned_only_by_the_request_table() -> None:
     assert offenders and all(o.startswith("shared/node/requests.py:") for o in offenders), offenders
 
 
+def _imported(node: ast.AST) -> list[str]:
+    if isinstance(node, ast.ImportFrom):
+        return [node.module or ""]
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    return []
+
+
 def test_only_the_engine_host_and_wiring_import_the_engine() -> None:
     offenders = []
     for path in _files(*NODE_CODE):
         if path.name == "engine_host.py" or path.name in WIRING:
             continue
         for node in ast.walk(_tree(path)):
-            if isinstance(node, ast.ImportFrom) and node.module == "shared.engine.engine":
-                offenders.append(_rel(path))
-            elif isinstance(node, ast.Import) and any(
-                a.name == "shared.engine.engine" for a in node.names
-            ):
+            if ENGINE_MODULE in _imported(node):
                 offenders.append(_rel(path))
     assert offenders == []
 

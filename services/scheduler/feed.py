@@ -49,7 +49,7 @@ class ClusterFeed:
         self.view.update(node_load(status, now))
         if status.role != TIERD:  # a tierd runs no engine: no steps to time, no TTFTs
             self.view.timing.add(status.node_id, status.role, status.step_samples)
-            self.view.calibration.add(status.node_id, status.ttft_samples)
+            self.view.calibration.add(status.node_id, status.ttft_samples, now)
         if status.role == "decode":
             self.view.handoffs.add(status.handoff_samples)
         self.view.forget_dead(now)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from services.scheduler.cluster import NodeLoad
+from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.policy import Placement, Rejection
+from services.scheduler.timing import StepCoefficients, StepTimes
 
 #: The clock every node load was last seen at.
 NOW = 100.0
+#: 10 ms a step plus 1 ms a token, no attention cost.
+COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=0.0)
 
 
 def node(node_id: str, role: str, **load: object) -> NodeLoad:
@@ -20,6 +23,14 @@ def node(node_id: str, role: str, **load: object) -> NodeLoad:
         "last_seen": NOW,
     } | load
     return NodeLoad(node_id=node_id, role=role, **values)  # type: ignore[arg-type]
+
+
+def cluster(*nodes: NodeLoad) -> ClusterView:
+    """A view of ``nodes`` (heartbeats time out after 3 s) whose step times follow ``COEF``."""
+    view = ClusterView(3.0, timing=StepTimes(COEF))
+    for n in nodes:
+        view.update(n)
+    return view
 
 
 def placed(decision: Placement | Rejection) -> Placement:

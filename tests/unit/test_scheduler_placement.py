@@ -10,8 +10,6 @@ from __future__ import annotations
 import pytest
 
 from services.scheduler.policy import (
-    ClusterView,
-    NodeLoad,
     Placement,
     PlacementRequest,
     Pull,
@@ -20,20 +18,11 @@ from services.scheduler.policy import (
     place_round_robin,
     record_placement,
 )
-from services.scheduler.timing import StepCoefficients, StepTimes
 from shared.rpc.types import PrefixHolder
-from tests.unit.scheduler_nodes import NOW, node, placed
+from tests.unit.scheduler_nodes import NOW, cluster, node, placed
 
-COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=0.0)
 SMALL = PlacementRequest(num_prompt_tokens=64, max_tokens=64, request_id="r1")
 LONG = PlacementRequest(num_prompt_tokens=2000, max_tokens=16)
-
-
-def view(*nodes: NodeLoad) -> ClusterView:
-    v = ClusterView(3.0, timing=StepTimes(COEF))
-    for n in nodes:
-        v.update(n)
-    return v
 
 
 def rejected(decision: Placement | Rejection) -> Rejection:
@@ -42,7 +31,7 @@ def rejected(decision: Placement | Rejection) -> Rejection:
 
 
 def test_nodes_to_avoid_are_never_picked() -> None:
-    v = view(
+    v = cluster(
         node("p1", "prefill"),
         node("p2", "prefill", queued_tokens=100),
         node("d1", "decode"),
@@ -59,7 +48,9 @@ def test_nodes_to_avoid_are_never_picked() -> None:
 
 
 def test_an_avoided_node_is_not_pulled_from() -> None:
-    v = view(node("A", "prefill", queued_tokens=20_000), node("B", "prefill"), node("d", "decode"))
+    v = cluster(
+        node("A", "prefill", queued_tokens=20_000), node("B", "prefill"), node("d", "decode")
+    )
     holders = [PrefixHolder("A", "dram", 62)]
     assert placed(place(LONG, v, holders, NOW)).pulls == (Pull("A", 0, 62),)
     v.update(node("C", "prefill", queued_tokens=30_000))
@@ -68,7 +59,7 @@ def test_an_avoided_node_is_not_pulled_from() -> None:
 
 
 def test_unhealthy_or_draining_nodes_get_no_work_but_serve_pulls() -> None:
-    v = view(
+    v = cluster(
         node("sick", "prefill", healthy=False),
         node("leaving", "prefill", draining=True),
         node("p", "prefill", queued_tokens=5000),
@@ -93,7 +84,7 @@ def test_unhealthy_or_draining_nodes_get_no_work_but_serve_pulls() -> None:
 
 
 def test_a_silent_node_serves_no_pulls() -> None:
-    v = view(
+    v = cluster(
         node("gone", "prefill", last_seen=NOW - 3.5, draining=True),
         node("p", "prefill"),
         node("d", "decode"),
@@ -103,7 +94,7 @@ def test_a_silent_node_serves_no_pulls() -> None:
 
 
 def test_decode_candidates_are_ranked_best_first_up_to_three() -> None:
-    v = view(
+    v = cluster(
         node("p", "prefill"),
         node("d-full", "decode", free_blocks=2),
         node("d5", "decode", running_seqs=5),
@@ -115,12 +106,14 @@ def test_decode_candidates_are_ranked_best_first_up_to_three() -> None:
     assert p.decode_nodes == ["d0", "d2", "d5"] and p.decode_node == "d0"
     assert p.predicted_tbt_s == pytest.approx(0.011)
     assert p.placed_at == NOW
-    few = view(node("p", "prefill"), node("d-full", "decode", free_blocks=2), node("d", "decode"))
+    few = cluster(
+        node("p", "prefill"), node("d-full", "decode", free_blocks=2), node("d", "decode")
+    )
     assert placed(place(SMALL, few, [], NOW)).decode_nodes == ["d", "d-full"]
 
 
 def test_a_placement_counts_on_its_first_decode_node_until_due() -> None:
-    v = view(node("p", "prefill"), node("d1", "decode"), node("d2", "decode"))
+    v = cluster(node("p", "prefill"), node("d1", "decode"), node("d2", "decode"))
     first = placed(place(SMALL, v, [], NOW))
     record_placement(v, first, SMALL)
     assert first.decode_nodes == ["d1", "d2"]
@@ -134,7 +127,7 @@ def test_a_placement_counts_on_its_first_decode_node_until_due() -> None:
 
 def test_every_decode_node_too_slow_is_a_429() -> None:
     # 40 running: one more makes a 51 ms step; the objective is 50 ms.
-    v = view(node("p", "prefill"), node("d", "decode", running_seqs=40, finishing=((30, 64),)))
+    v = cluster(node("p", "prefill"), node("d", "decode", running_seqs=40, finishing=((30, 64),)))
     decision = rejected(place(SMALL, v, [], NOW, tbt_slo_s=0.050))
     assert (decision.status, decision.cause) == (429, "tbt_slo")
     # The sequence with 30 tokens left is gone 30 steps (1.53 s) after the heartbeat.
@@ -144,7 +137,7 @@ def test_every_decode_node_too_slow_is_a_429() -> None:
 
 
 def test_only_decode_nodes_meeting_the_objective_are_candidates() -> None:
-    v = view(
+    v = cluster(
         node("p", "prefill"),
         node("busy", "decode", running_seqs=45),
         node("ok", "decode", running_seqs=20),
@@ -153,7 +146,7 @@ def test_only_decode_nodes_meeting_the_objective_are_candidates() -> None:
 
 
 def test_no_room_for_the_kv_anywhere_is_a_429() -> None:
-    v = view(node("p", "prefill"), node("d", "decode", free_blocks=3))
+    v = cluster(node("p", "prefill"), node("d", "decode", free_blocks=3))
     decision = rejected(place(SMALL, v, [], NOW, tbt_slo_s=1.0))
     assert (decision.status, decision.cause, decision.retry_after_s) == (429, "kv_full", 60.0)
     # Without a decode objective the request queues on the node instead.
@@ -161,7 +154,7 @@ def test_no_room_for_the_kv_anywhere_is_a_429() -> None:
 
 
 def test_a_resumed_request_is_never_refused_by_an_objective() -> None:
-    v = view(
+    v = cluster(
         node("p", "prefill", queued_tokens=8192),
         node("d", "decode", running_seqs=60, free_blocks=1),
     )
@@ -176,7 +169,7 @@ def test_a_resumed_request_is_never_refused_by_an_objective() -> None:
 
 
 def test_a_restarted_decode_node_starts_from_zero() -> None:
-    v = view(node("p", "prefill"), node("d1", "decode", epoch="a"), node("d2", "decode"))
+    v = cluster(node("p", "prefill"), node("d1", "decode", epoch="a"), node("d2", "decode"))
     for i in range(3):
         ask = PlacementRequest(64, 64, request_id=f"r{i}")
         record_placement(v, placed(place(ask, v, [], NOW, avoid={"d2"})), ask)

@@ -5,25 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.placer import OVERLOAD_LOOKUP_S, PlacementOptions, PlacementQuery, Placer
 from services.scheduler.policy import Placement, PlacementRequest
-from services.scheduler.timing import StepCoefficients, StepTimes
 from shared.messages import GenerateRequest, SamplingSpec
-from tests.unit.scheduler_nodes import NOW, node
+from tests.unit.scheduler_nodes import NOW, cluster, node
 
-COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=0.0)
 LONG = PlacementRequest(num_prompt_tokens=2000, max_tokens=8, request_id="r1")
 
 
 def placer(*prefill_queues: int, **options: object) -> Placer:
-    view = ClusterView(3.0, timing=StepTimes(COEF))
-    loads: list[NodeLoad] = [
-        node(f"p{i}", "prefill", queued_tokens=q) for i, q in enumerate(prefill_queues)
-    ]
-    for n in [*loads, node("d", "decode")]:
-        view.update(n)
-    return Placer(view, PlacementOptions(**options))  # type: ignore[arg-type]
+    loads = [node(f"p{i}", "prefill", queued_tokens=q) for i, q in enumerate(prefill_queues)]
+    return Placer(cluster(*loads, node("d", "decode")), PlacementOptions(**options))  # type: ignore[arg-type]
 
 
 def test_an_overload_no_cache_could_save_is_hopeless() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.cluster import ClusterView, NodeLoad
 from services.scheduler.placer import PlacementOptions, PlacementQuery, Placer
 from services.scheduler.placing import (
     MAX_TRIES,
@@ -18,11 +17,9 @@ from services.scheduler.placing import (
     Withdraw,
 )
 from services.scheduler.policy import PlacementRequest, Rejection
-from services.scheduler.timing import StepCoefficients, StepTimes
 from shared.cluster_messages import TaskAck
-from tests.unit.scheduler_nodes import NOW, node
+from tests.unit.scheduler_nodes import NOW, cluster, node
 
-COEF = StepCoefficients(base_s=0.01, per_token_s=1e-3, per_attention_s=0.0)
 ASK = PlacementRequest(num_prompt_tokens=64, max_tokens=8, request_id="r1")
 LATER = NOW + 0.01  # after the nodes' last heartbeat: what is placed counts on them
 
@@ -30,12 +27,8 @@ LATER = NOW + 0.01  # after the nodes' last heartbeat: what is placed counts on 
 def offers(prefills: int, options: PlacementOptions | None = None) -> Offers:
     """Offers of ``ASK`` on prefill nodes p1, p2, ... (each busier than the one before) and a
     decode node."""
-    view = ClusterView(3.0, timing=StepTimes(COEF))
-    loads: list[NodeLoad] = [
-        node(f"p{i + 1}", "prefill", queued_tokens=100 * i) for i in range(prefills)
-    ]
-    for n in [*loads, node("d", "decode")]:
-        view.update(n)
+    loads = [node(f"p{i + 1}", "prefill", queued_tokens=100 * i) for i in range(prefills)]
+    view = cluster(*loads, node("d", "decode"))
     return Offers(Placer(view, options or PlacementOptions()), PlacementQuery(ASK), [])
 
 

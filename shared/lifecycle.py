@@ -108,11 +108,8 @@ class Lifecycle:
         self,
         service: str,
         registry: prometheus_client.CollectorRegistry | None = None,
-        *,
-        step_timeout_s: float = STOP_STEP_S,
     ) -> None:
         self.service = service
-        self.step_timeout_s = step_timeout_s
         self.failures: collections.Counter[str] = collections.Counter()
         self._metric = None
         if registry is not None:
@@ -122,7 +119,7 @@ class Lifecycle:
                 ["service", "task"],
                 registry=registry,
             )
-        self.oneshots = Tasks(service, self._count)
+        self._oneshots = Tasks(service, self._count)
         self._bodies: list[tuple[str, Callable[[], Coroutine[Any, Any, None]]]] = []
         self._steps: list[tuple[str, StopStep]] = []
         self._group: asyncio.TaskGroup | None = None
@@ -164,11 +161,11 @@ class Lifecycle:
     def spawn(self, work: Coroutine[Any, Any, T], name: str = "") -> asyncio.Task[T]:
         """One-shot work nobody waits for (a hand-off): tracked until it ends; a failure is
         logged and counted, never lost; ``stop`` cancels it."""
-        return self.oneshots.spawn(work, name)
+        return self._oneshots.spawn(work, name)
 
     def on_stop(self, name: str, step: StopStep) -> None:
         """A shutdown step, run by ``stop`` after the tasks are gone: steps run in reverse order
-        of registration, each bounded by ``step_timeout_s``; one failing does not skip the rest."""
+        of registration, each bounded by ``STOP_STEP_S``; one failing does not skip the rest."""
         self._steps.append((name, step))
 
     # -- running ------------------------------------------------------------------------
@@ -233,13 +230,13 @@ class Lifecycle:
             self._stopped = True
             if not ready.done():
                 ready.set_result(None)
-            await self.oneshots.close()
+            await self._oneshots.close()
             await self._run_steps()
 
     async def _run_steps(self) -> None:
         for name, step in reversed(self._steps):
             try:
-                async with asyncio.timeout(self.step_timeout_s):
+                async with asyncio.timeout(STOP_STEP_S):
                     result = step()
                     if inspect.isawaitable(result):
                         await result

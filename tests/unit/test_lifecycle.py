@@ -38,25 +38,35 @@ def others() -> set[asyncio.Task[object]]:
     return asyncio.all_tasks() - {asyncio.current_task()}
 
 
+class Calls:
+    """Counts the calls of a task's body; ``reached`` is set at the ``at``-th."""
+
+    def __init__(self, at: int) -> None:
+        self.count = 0
+        self.at = at
+        self.reached = asyncio.Event()
+
+    def __call__(self) -> int:
+        self.count += 1
+        if self.count == self.at:
+            self.reached.set()
+        return self.count
+
+
 def test_a_tick_that_raises_is_counted_and_the_schedule_goes_on() -> None:
     async def scenario() -> tuple[int, int]:
         life = Lifecycle("svc")
-        ticks = 0
-        fifth = asyncio.Event()
+        ticks = Calls(at=5)
 
         async def tick() -> None:
-            nonlocal ticks
-            ticks += 1
-            if ticks == 5:
-                fifth.set()
-            if ticks % 2 == 1:
+            if ticks() % 2 == 1:
                 raise ValueError("odd tick")
 
         life.every("odd", TICK_S, tick)
         await life.start()
-        await reached(fifth)
+        await reached(ticks.reached)
         await life.stop()
-        return ticks, life.failures["odd"]
+        return ticks.count, life.failures["odd"]
 
     ticks, failures = run(scenario)
     assert ticks >= 5
@@ -92,23 +102,20 @@ def test_a_long_running_task_is_restarted_after_it_fails_or_returns(
 
     async def scenario() -> tuple[int, int]:
         life = Lifecycle("svc")
-        runs = 0
-        third = asyncio.Event()
+        runs = Calls(at=3)
 
         async def work() -> None:
-            nonlocal runs
-            runs += 1
-            if runs == 1:
+            nth = runs()
+            if nth == 1:
                 raise ConnectionError("dropped")
-            if runs == 3:
-                third.set()
+            if nth == 3:
                 await asyncio.Event().wait()  # runs until cancelled
 
         life.run("receive", work)
         await life.start()
-        await reached(third)
+        await reached(runs.reached)
         await life.stop()
-        return runs, life.failures["receive"]
+        return runs.count, life.failures["receive"]
 
     assert run(scenario) == (3, 2)
 

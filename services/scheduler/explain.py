@@ -4,7 +4,6 @@ from (a holder placement could not use). Pure: no I/O."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 from services.scheduler.cluster import ClusterView
@@ -18,10 +17,9 @@ def explain(
     request_id: str,
     placement: Placement,
     holders: Sequence[PrefixHolder],
-    now: float | None = None,
+    now: float,
 ) -> str:
-    """The debug line for ``placement`` (``now``: the monotonic clock's, by default)."""
-    now = time.monotonic() if now is None else now
+    """The debug line for ``placement``, heartbeats aged at ``now`` (monotonic)."""
     local = " (local prefill)" if placement.local else ""
     return (
         f"placing {request_id} on {placement.prefill_node}{local}: holders {list(holders)}, "

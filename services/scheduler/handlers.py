@@ -122,7 +122,10 @@ class SchedulerHandlers:
         while isinstance(effect, Offer):
             placement = effect.placement
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("%s", explain(self.view, request.request_id, placement, offers.holders))
+                line = explain(
+                    self.view, request.request_id, placement, offers.holders, time.monotonic()
+                )
+                log.debug("%s", line)
             await self.prefetcher.prefetch(placement, hashes, prefetched)
             offered = time.monotonic()
             outcome = offers.answer(await self._offer(effect, request))

@@ -84,7 +84,6 @@ class Offers:
     placer: Placer
     query: PlacementQuery
     holders: Sequence[PrefixHolder]
-    max_tries: int = MAX_TRIES
     avoid: set[str] = field(default_factory=set)
     tries: int = 0
     _pending: Offer | None = None
@@ -92,7 +91,7 @@ class Offers:
     def next(self, now: float) -> Offer | Refused:
         """The next offer, or the refusal when no node is left to offer the request to."""
         assert self._pending is None, "an offer awaits its answer"
-        if self.tries >= self.max_tries:
+        if self.tries >= MAX_TRIES:
             return Refused(Rejection(NO_NODE_ACCEPTED, 503), by_policy=False)
         decision = self.placer.decide(self.query, self.holders, self.avoid, now)
         if isinstance(decision, Rejection):

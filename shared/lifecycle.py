@@ -36,9 +36,10 @@ def awaited_task(work: Awaitable[T], name: str = "") -> asyncio.Task[T]:
 
 
 class Tasks:
-    """Owns one-shot tasks nobody waits for. Invariant: a task is held from ``spawn`` until it
-    ends (so none is garbage-collected half-way); one that fails is logged and counted under its
-    name, never lost; ``close`` leaves none running."""
+    """Owns one-shot tasks. Invariant: a task is held from ``spawn`` until it ends (so none is
+    garbage-collected half-way); one nobody awaits that fails is logged and counted under its
+    name, never lost (an ``awaited`` one's failure goes to its caller); ``close`` leaves none
+    running."""
 
     def __init__(self, owner: str = "", on_failure: Callable[[str], None] | None = None) -> None:
         self.owner = owner

@@ -104,25 +104,28 @@ class RequestTable:
     """
 
     def __init__(self) -> None:
-        self._requests: OrderedDict[str, NodeRequest] = OrderedDict()
+        # Active requests apart from done ones: the roles scan the active ones on every task
+        # and step, and up to ``MAX_DONE`` done ones wait here for replays.
+        self._active: dict[str, NodeRequest] = {}
+        self._done: OrderedDict[str, NodeRequest] = OrderedDict()
         #: Requests ended, by outcome (a finish reason, ``error``, ``abort``...), for metrics.
         self.outcomes: Counter[str] = Counter()
 
     # -- reading ------------------------------------------------------------------------
 
     def get(self, request_id: str) -> NodeRequest | None:
-        return self._requests.get(request_id)
+        return self._active.get(request_id) or self._done.get(request_id)
 
     def active(self, request_id: str) -> NodeRequest | None:
-        request = self._requests.get(request_id)
-        return request if request is not None and request.active else None
+        return self._active.get(request_id)
 
     def __iter__(self) -> Iterator[NodeRequest]:
-        """The active requests in arrival order."""
-        return (r for r in list(self._requests.values()) if r.active)
+        """The active requests in arrival order (a copy: transitions may follow)."""
+        return iter(list(self._active.values()))
 
     def count(self, *stages: Stage) -> int:
-        return sum(1 for r in self._requests.values() if r.stage in stages)
+        done = len(self._done) if Stage.DONE in stages else 0
+        return done + sum(1 for r in self._active.values() if r.stage in stages)
 
     def active_ids(self) -> list[str]:
         return [r.request_id for r in self]
@@ -140,7 +143,7 @@ class RequestTable:
         return [r.request_id for r in self if 0 < r.deadline_ts < wall_now]
 
     def replay(self, request_id: str, from_index: int) -> ReplayReply:
-        request = self._requests.get(request_id)
+        request = self.get(request_id)
         if request is None:
             return ReplayReply(known=False)
         start = max(from_index, request.output_offset)
@@ -164,12 +167,12 @@ class RequestTable:
 
     def accept(self, request: NodeRequest) -> NodeRequest:
         """Records a new request in QUEUED; a done one with the same id is replaced."""
-        current = self._requests.get(request.request_id)
-        if current is not None and current.active:
+        current = self._active.get(request.request_id)
+        if current is not None:
             raise StageError(f"{request.request_id} is already {current.stage.value}")
         request.stage = Stage.QUEUED
-        self._requests.pop(request.request_id, None)
-        self._requests[request.request_id] = request
+        self._done.pop(request.request_id, None)
+        self._active[request.request_id] = request
         return request
 
     def admitted(self, request_id: str) -> NodeRequest | None:
@@ -227,18 +230,18 @@ class RequestTable:
 
     def forget_done(self, now: float) -> None:
         """Drops finished requests past their replay window, oldest first."""
-        done = [r for r in self._requests.values() if not r.active]
-        excess = len(done) - MAX_DONE
-        for request in done:
-            if excess > 0 or now - request.done_at > DONE_TTL_S:
-                del self._requests[request.request_id]
-                excess -= 1
+        excess = len(self._done) - MAX_DONE
+        for request in list(self._done.values()):  # oldest first
+            if excess <= 0 and now - request.done_at <= DONE_TTL_S:
+                break
+            del self._done[request.request_id]
+            excess -= 1
 
     # -- helpers ------------------------------------------------------------------------
 
     def _check(self, request_id: str, sources: tuple[Stage, ...]) -> NodeRequest | None:
-        request = self._requests.get(request_id)
-        if request is None or not request.active:
+        request = self._active.get(request_id)
+        if request is None:
             return None
         if request.stage not in sources:
             names = "/".join(s.value for s in sources)
@@ -268,12 +271,12 @@ class RequestTable:
         error: str | None,
         code: int | None,
     ) -> NodeRequest | None:
-        request = self._requests.get(request_id)
-        if request is None or not request.active:
+        request = self._active.pop(request_id, None)
+        if request is None:
             return None
         request.stage = Stage.DONE
         self.outcomes["error" if error is not None else reason or "stop"] += 1
         request.finish_reason, request.error, request.error_code = reason, error, code
         request.done_at = now
-        self._requests.move_to_end(request_id)
+        self._done[request_id] = request
         return request

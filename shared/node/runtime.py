@@ -19,6 +19,7 @@ from shared.bus import Bus, NatsBus
 from shared.cluster_messages import LeaseRelease, PinRequest, SinkDone, SinkRequest
 from shared.engine.engine import LLMEngine
 from shared.engine.probe import load_and_probe
+from shared.engine.types import RequestOutput
 from shared.heartbeat import Heartbeat
 from shared.kv.checksum import BlockChecksum
 from shared.lifecycle import Lifecycle
@@ -150,7 +151,7 @@ class NodeRuntime:
     def engine(self) -> LLMEngine:
         return self.host.engine
 
-    async def _on_outputs(self, outputs: Any) -> None:
+    async def _on_outputs(self, outputs: list[RequestOutput]) -> None:
         await self.serving.on_outputs(outputs)
 
     async def _beat_now(self) -> None:

@@ -14,7 +14,7 @@ from shared.service_settings import ServiceSettings
 class CliSettings(ServiceSettings):
     """The ``CRESCENT_*`` variables `crescent up` and `crescent secrets` consult before they
     start anything: each names the same thing as in the services that read it too. Invariant:
-    a blank variable reads as unset."""
+    an empty variable reads as unset."""
 
     data_dir: str = Field(default="", description="`crescent up`'s folder")
     s3_endpoint: str = Field(default="", description="an S3 server of the deployment")

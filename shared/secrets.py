@@ -31,7 +31,6 @@ from shared.flag_settings import ProcessFlags
 from shared.service_settings import ServiceSettings
 
 DEV_MODE_ENV = "CRESCENT_DEV_MODE"
-LOG_PROMPTS_ENV = "CRESCENT_LOG_PROMPTS"
 #: The cache secret every process uses unless told otherwise; public, so only for development.
 DEV_CACHE_SECRET = "crescent-dev-cache-secret"
 #: Outside development mode a secret shorter than this is refused as guessable.

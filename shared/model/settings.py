@@ -14,7 +14,7 @@ from shared.service_settings import ServiceSettings
 class CacheDirSettings(ServiceSettings):
     """``CRESCENT_CACHE_DIR`` alone, for the places that need the cache folder without a whole
     service's settings. Invariant: ``folder()`` is absolute when the variable is (``~`` is
-    expanded), and ``~/.cache/crescent`` when it is unset or blank."""
+    expanded), and ``~/.cache/crescent`` when it is unset or empty."""
 
     cache_dir: str = Field(default="", description="Converted weights")
 

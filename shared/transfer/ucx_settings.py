@@ -59,6 +59,13 @@ _UNSAFE = {
 }
 
 
+#: Each field's modes and default.
+_CHOICES = {
+    "ucx_progress": (PROGRESS_MODES, DEFAULT_PROGRESS),
+    "ucx_error_handling": (MODES, DEFAULT_MODE),
+}
+
+
 class UcxSettings(ServiceSettings):
     """How this process's UCX transport runs: who progresses its worker, and how endpoints
     handle a peer's death. Invariant: each field is one of its modes, in lower case; a blank
@@ -77,12 +84,6 @@ class UcxSettings(ServiceSettings):
             name = f"CRESCENT_{(info.field_name or '').upper()}"
             raise TransferError(f"unknown {name} {mode!r}; expected one of {', '.join(modes)}")
         return mode
-
-
-_CHOICES = {
-    "ucx_progress": (PROGRESS_MODES, DEFAULT_PROGRESS),
-    "ucx_error_handling": (MODES, DEFAULT_MODE),
-}
 
 
 def ucx_defaults(mode: str) -> dict[str, str]:

@@ -58,7 +58,7 @@ class NodeSettings(EngineSettings, NatsAuthSettings, CacheMetaTokenSettings):
         description="a step running longer (and over 3x a full step's measured time) is stuck",
     )
     handoff_timeout_s: float = Field(
-        default=1.0, gt=0, description="wait this long for a node to acknowledge a hand-off"
+        default=3.0, gt=0, description="wait this long for a node to acknowledge a hand-off"
     )
     max_waiting: int = Field(
         default=256, ge=1, description="requests a node queues at most; more are refused"

@@ -31,6 +31,12 @@ DISCONNECTS = f"{PREFIX}.events.disconnect"
 
 ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
+#: every publisher of catalogue changes -> anyone: its numbered KV events (``KvEventFrame``,
+#: ``shared.kv_events``) on ``kv.events.<publisher id>``; a node publishes its DRAM pool's,
+#: a tierd its NVMe and S3 tiers'. A relay may publish another engine's (vLLM's) here too.
+KV_EVENTS = f"{PREFIX}.kv.events"
+KV_EVENTS_ALL = f"{KV_EVENTS}.>"
+
 
 def heartbeats(role: str, node_id: str) -> str:
     """Where ``node_id`` of ``role`` publishes its NodeStatus."""
@@ -88,6 +94,17 @@ def replays(node_id: str) -> str:
     """gateway -> the node serving a request (request/reply): its output from a position on,
     to fill a gap in the stream or to learn whether the node still has the request."""
     return f"{PREFIX}.replay.{node_id}"
+
+
+def kv_events(publisher_id: str) -> str:
+    """Where ``publisher_id`` publishes its KV events (``KV_EVENTS`` says what they are)."""
+    return f"{KV_EVENTS}.{publisher_id}"
+
+
+def kv_resyncs(publisher_id: str) -> str:
+    """a listener of KV events -> their publisher: a ``KvResyncRequest`` (send every tier
+    cleared, then whole), after the listener missed some of its events."""
+    return f"{PREFIX}.kv.resync.{publisher_id}"
 
 
 def tokens(request_id: str) -> str:

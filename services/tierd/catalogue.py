@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 from shared.kv.block_file import BlockHeader
+from shared.kv_event_feed import ChainBlock, KvEventFeed
 from shared.rpc.client import CacheMetaClient, CacheMetaError, CacheMetaUnavailable
 from shared.rpc.types import BlockRecord, TierCapacity
 
@@ -26,7 +27,8 @@ class TierCatalogue:
     Invariant: whenever a register or drop may have been lost (cachemeta unreachable, its
     database down, a new epoch, a restart of either side), ``in_step`` is False until a resync
     has replaced each tier's whole record with what the tier holds. That replacement is the
-    reconciliation: orphan blocks get rows, rows without blocks go.
+    reconciliation: orphan blocks get rows, rows without blocks go. The KV events (``events``)
+    carry what cachemeta took, and a resend they owe is a resync too.
     """
 
     def __init__(
@@ -46,6 +48,8 @@ class TierCatalogue:
         self.tier_names = tuple(tier_names)
         self.heartbeat_interval_s = heartbeat_interval_s
         self.in_step = False
+        #: Where the same changes go out as KV events, once the wiring sets it.
+        self.events: KvEventFeed | None = None
         self._outage = False
 
     async def tick(self) -> None:
@@ -65,13 +69,17 @@ class TierCatalogue:
 
     async def beat(self) -> None:
         resync = await self.client.heartbeat(self.node_id, "tierd", self.epoch, self._tiers())
-        if resync or not self.in_step:
+        owed = self.events is not None and self.events.take_resend()
+        if resync or owed or not self.in_step:
             await self.resync()
 
     async def resync(self) -> None:
         for tier in self.tier_names:
-            records = [record(h) for h in self._contents(tier)]
+            headers = list(self._contents(tier))
+            records = [record(h) for h in headers]
             await self.client.register_blocks(self.node_id, tier, records, replace=True)
+            if self.events is not None:
+                await self.events.replaced(tier, _chain(headers))
         self.in_step = True
 
     async def register(self, tier: str, headers: Sequence[BlockHeader]) -> None:
@@ -80,6 +88,8 @@ class TierCatalogue:
             await self._guard(
                 self.client.register_blocks(self.node_id, tier, [record(h) for h in headers])
             )
+            if self.events is not None:
+                await self.events.stored(tier, _chain(headers))
 
     async def drop(self, tier: str, block_hashes: Sequence[bytes]) -> bool:
         """Unlists copies; False (and a resync pending) when cachemeta did not take it."""
@@ -89,6 +99,8 @@ class TierCatalogue:
             await self._guard(self.client.drop_blocks(self.node_id, tier, block_hashes))
         except CatalogueDown:
             return False
+        if self.events is not None:
+            await self.events.removed(tier, block_hashes)
         return True
 
     async def _guard(self, call: Awaitable[object]) -> None:
@@ -101,3 +113,7 @@ class TierCatalogue:
     async def leave(self) -> None:
         """A clean stop keeps the rows: the blocks stay on disk and in S3 for the next run."""
         await self.client.close()
+
+
+def _chain(headers: Iterable[BlockHeader]) -> list[ChainBlock]:
+    return [ChainBlock(h.block_hash, h.parent_hash, h.block_size) for h in headers]

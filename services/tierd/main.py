@@ -35,6 +35,7 @@ from shared.kv.block_file import BlockHeader
 from shared.kv.hashing import quota_key, scope_salt
 from shared.kv.keep_watch import KeepWatch
 from shared.kv.seal import BlockSeal
+from shared.kv_event_feed import KvEventFeed
 from shared.lifecycle import Lifecycle
 from shared.ops_http import OpsServer
 from shared.rpc.client import CacheMetaClient
@@ -93,6 +94,7 @@ class TierdService:
             name = f"crescent-{self.node_id}"
             self._bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
         bus = self.bus = self._bus
+        self.catalogue.events = KvEventFeed(bus, self.node_id)
         self.handlers = handlers = TierdHandlers(
             self.node_id, self.host_id, self.epoch, self.tiering, self.reader, self.staging,
             s.transfer, self.server.address,

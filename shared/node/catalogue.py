@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Sequence
 
 from shared.engine.cache_exchange import CachedBlock
+from shared.kv_event_feed import ChainBlock, KvEventFeed
 from shared.node.engine_host import EngineHost
 from shared.rpc.client import CacheMetaClient, CacheMetaError, CacheMetaUnavailable
 from shared.rpc.types import BlockRecord, TierCapacity
@@ -23,7 +24,8 @@ class CatalogueSync:
 
     Invariant: whenever a register or drop may have been lost (cachemeta unreachable, its
     database down, a new epoch), ``in_step`` is False, and the next round replaces the node's
-    whole record with a snapshot of the pool instead of sending events.
+    whole record with a snapshot of the pool instead of sending events. The KV events
+    (``events``) carry what cachemeta took, and a resend they owe is a resync too.
     """
 
     def __init__(
@@ -46,6 +48,8 @@ class CatalogueSync:
         self.heartbeat_interval_s = heartbeat_interval_s
         self.epoch = uuid.uuid4().hex
         self.in_step = False
+        #: Where the same changes go out as KV events, once the wiring sets it.
+        self.events: KvEventFeed | None = None
         self._last_beat = 0.0
         self._outage = False
 
@@ -75,6 +79,8 @@ class CatalogueSync:
             self._last_beat = now
             if resync:
                 self.in_step = False
+        if self.events is not None and self.events.take_resend():
+            self.in_step = False
         if not self.in_step:
             await self._resync()
             return
@@ -85,6 +91,9 @@ class CatalogueSync:
             await self.client.drop_blocks(self.node_id, TIER, evicted)
         if stored:
             await self.client.register_blocks(self.node_id, TIER, self._records(stored))
+        if self.events is not None:
+            await self.events.removed(TIER, evicted)
+            await self.events.stored(TIER, _chain(stored))
         self.in_step = True
 
     async def leave(self) -> None:
@@ -99,10 +108,14 @@ class CatalogueSync:
     async def drop_all(self) -> None:
         """Tells cachemeta this node holds nothing any more (a clean shutdown)."""
         await self.client.register_blocks(self.node_id, TIER, [], replace=True)
+        if self.events is not None:
+            await self.events.replaced(TIER, [])
 
     async def _resync(self) -> None:
         blocks = await self.engine.snapshot()
         await self.client.register_blocks(self.node_id, TIER, self._records(blocks), replace=True)
+        if self.events is not None:
+            await self.events.replaced(TIER, _chain(blocks))
         self.in_step = True
 
     def _records(self, blocks: Sequence[CachedBlock]) -> list[BlockRecord]:
@@ -114,3 +127,7 @@ class CatalogueSync:
     def _tiers(self) -> list[TierCapacity]:
         total, used = self.engine.pool_usage()
         return [TierCapacity(TIER, total * self.block_bytes, used * self.block_bytes)]
+
+
+def _chain(blocks: Sequence[CachedBlock]) -> list[ChainBlock]:
+    return [ChainBlock(b.block_hash, b.parent_hash, len(b.token_ids)) for b in blocks]

@@ -22,6 +22,7 @@ from shared.engine.probe import load_and_probe
 from shared.engine.types import RequestOutput
 from shared.heartbeat import Heartbeat
 from shared.kv.checksum import BlockChecksum
+from shared.kv_event_feed import KvEventFeed
 from shared.lifecycle import Lifecycle
 from shared.messages import AbortRequest, ReplayRequest
 from shared.node.beats import NodeBeats
@@ -143,6 +144,7 @@ class NodeRuntime:
             client, self.host, self.node_id, self.role_name, self.host.block_bytes,
             sync_interval_s=s.catalogue_sync_s, heartbeat_interval_s=s.heartbeat_interval_s,
         )  # fmt: skip
+        self.catalogue.events = KvEventFeed(self.bus, self.node_id)
         self.lifecycle.every("catalogue-sync", s.catalogue_sync_s, self.catalogue.tick)
         keeps = NodeKeeps(self.host, client)  # keeps dropped or extended elsewhere
         self.lifecycle.every("keep-watch", keeps.interval_s, keeps.tick)

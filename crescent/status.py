@@ -95,7 +95,8 @@ def fetch(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 
 
 def render(doc: dict[str, Any]) -> Group:
-    """The status document as rich tables: nodes, tiers, cache, recent requests."""
+    """The status document as rich tables: the roles' saturation, nodes, tiers, cache,
+    recent requests."""
     gateway = doc["gateway"]
     stamp = time.strftime("%H:%M:%S", time.gmtime(doc["generated_at"]))
     title = Text.assemble(
@@ -103,8 +104,16 @@ def render(doc: dict[str, Any]) -> Group:
         f"{gateway.get('id', '?')} · {gateway.get('model', '?')} · "
         f"{gateway.get('in_flight', 0)} in flight · {stamp} UTC",
     )
-    return Group(title, _nodes(doc["nodes"]), _tiers(doc["tiers"]), _cache(doc["cache"]),
+    roles = _roles(doc.get("saturation", {}))
+    return Group(title, roles, _nodes(doc["nodes"]), _tiers(doc["tiers"]), _cache(doc["cache"]),
                  _requests(doc["requests"]))  # fmt: skip
+
+
+def _roles(saturation: dict[str, float | None]) -> Text:
+    """Each role's saturation, the figure autoscalers scale it on (a gateway of an earlier
+    version sends none)."""
+    figures = " · ".join(f"{role} {percent(value)}" for role, value in saturation.items())
+    return Text(f"role saturation (100% is at the objective): {figures or '–'}")
 
 
 def percent(value: float | None) -> str:
@@ -129,7 +138,8 @@ def _nodes(nodes: list[dict[str, Any]]) -> Table:
     table.add_column("service", no_wrap=True)
     for name in ("role", "health"):
         table.add_column(name)
-    for name in ("running", "queued tokens", "pool use", "pool blocks", "last seen"):
+    for name in ("running", "queued tokens", "pool use", "pool blocks", "saturation",
+                 "last seen"):  # fmt: skip
         table.add_column(name, justify="right")
     for n in nodes:
         total = n["pool_total_blocks"]
@@ -137,7 +147,7 @@ def _nodes(nodes: list[dict[str, Any]]) -> Table:
         table.add_row(
             n["id"], n["role"], Text(n["health"], style=HEALTH_STYLE.get(n["health"], "")),
             str(n["running_seqs"]), str(n["queued_tokens"]), percent(n["pool_use"]), used,
-            f"{n['last_seen_s']:.1f} s",
+            percent(n.get("saturation")), f"{n['last_seen_s']:.1f} s",
         )  # fmt: skip
     return table
 

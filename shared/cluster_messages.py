@@ -34,10 +34,14 @@ Checksum = Annotated[int, Meta(ge=0)]  # a uint64: msgspec bounds stop at int64
 ByteCount = Annotated[int, Meta(ge=0, le=1 << 62)]
 Rate = Annotated[float, Meta(ge=0.0, le=1e15)]
 Address = Annotated[bytes, Meta(max_length=16384)]
+#: A node's load over its role's objective (1.0: at it).
+Ratio = Annotated[float, Meta(ge=0.0, le=1e6)]
 
 
 #: Running sequences a heartbeat describes at most (those nearest their end).
 MAX_FINISHING = 256
+#: Nodes a scheduler's heartbeat gives the saturation of at most.
+MAX_SATURATION_NODES = 4096
 
 
 class TaskAck(WireMessage, kw_only=True):
@@ -164,6 +168,10 @@ class NodeStatus(WireMessage, kw_only=True):
     tasks of its own (``subjects.local_tasks``); ``handoff_samples`` (decode nodes):
     ``[blocks pulled, seconds]`` of the hand-offs completed since the last beat, from the
     first token on the prefill node to the sequence running here.
+    ``saturation`` and ``role_saturation`` (schedulers): each live prefill and decode node's
+    ratio to its role's objective (at most 4096, the most saturated), and each role's figure:
+    what the scheduler's gauges ``crescent_saturation`` and ``crescent_role_saturation``
+    show, for the status pages.
     """
 
     node_id: Id
@@ -216,6 +224,12 @@ class NodeStatus(WireMessage, kw_only=True):
     handoff_samples: Annotated[
         list[tuple[Annotated[int, Meta(ge=0, le=MAX_BLOCKS)], Seconds]], Meta(max_length=64)
     ] = msgspec.field(default_factory=list)
+    saturation: Annotated[dict[Id, Ratio], Meta(max_length=MAX_SATURATION_NODES)] = msgspec.field(
+        default_factory=dict
+    )
+    role_saturation: Annotated[
+        dict[Annotated[str, Meta(pattern=r"^(prefill|decode)$")], Ratio], Meta(max_length=2)
+    ] = msgspec.field(default_factory=dict)
 
 
 class SinkRequest(WireMessage, kw_only=True):

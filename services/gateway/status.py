@@ -1,5 +1,6 @@
 """The cluster as the status page and `crescent status` show it: every service's last
-heartbeat (role, load, pool use, health), the tiers' occupancy, the cache hit ratio over
+heartbeat (role, load, pool use, health), each node's saturation and each role's (as the
+freshest scheduler's heartbeat gives them), the tiers' occupancy, the cache hit ratio over
 time and the latencies of the last requests this gateway served. Pure: the caller feeds it
 heartbeats and asks with its own clocks."""
 
@@ -46,16 +47,31 @@ class StatusBoard:
             del self.heard[node_id]
         heard = sorted(self.heard.values(), key=lambda h: (_ROLES.get(h.status.role, 9),
                                                             h.status.node_id))  # fmt: skip
+        ratios, figures = self._saturation(now)
         return {
             "generated_at": round(wall_now, 3),
             "gateway": gateway,
-            "nodes": [self._node(h, now) for h in heard],
+            "saturation": {role: _ratio(figures.get(role)) for role in _SCALED},
+            "nodes": [self._node(h, now, ratios) for h in heard],
             "tiers": [t for h in heard for t in _tiers(h.status)],
             "cache": cache_history(served, wall_now),
             "requests": [_request(s) for s in list(served)[-RECENT_REQUESTS:][::-1]],
         }
 
-    def _node(self, heard: Heard, now: float) -> dict[str, Any]:
+    def _saturation(self, now: float) -> tuple[dict[str, float], dict[str, float]]:
+        """The nodes' and the roles' saturation as the scheduler heard last says them, unless
+        it is silent (then none: its figures would be of a cluster gone by)."""
+        schedulers = [
+            h
+            for h in self.heard.values()
+            if h.status.role == "scheduler" and now - h.at <= self.heartbeat_timeout_s
+        ]
+        latest = max(schedulers, key=lambda h: h.at, default=None)
+        if latest is None:
+            return {}, {}
+        return latest.status.saturation, latest.status.role_saturation
+
+    def _node(self, heard: Heard, now: float, ratios: dict[str, float]) -> dict[str, Any]:
         s, silent = heard.status, now - heard.at
         used = max(s.total_blocks - s.free_blocks, 0)
         return {
@@ -68,10 +84,17 @@ class StatusBoard:
             "pool_used_blocks": used,
             "pool_total_blocks": s.total_blocks,
             "pool_use": round(used / s.total_blocks, 4) if s.total_blocks else None,
+            "saturation": _ratio(ratios.get(s.node_id)),
         }
 
 
+#: The roles with a saturation figure.
+_SCALED = ("prefill", "decode")
 _ROLES = {"gateway": 0, "scheduler": 1, "prefill": 2, "decode": 3, "tierd": 4}
+
+
+def _ratio(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
 
 
 def _health(status: NodeStatus, silent: bool) -> str:

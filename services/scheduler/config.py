@@ -8,6 +8,7 @@ from pydantic import Field, PrivateAttr, model_validator
 
 from services.scheduler.cluster import CostParams
 from services.scheduler.keeping import KeepQuotas
+from services.scheduler.saturation import REFERENCE_PROMPT_TOKENS, Objectives
 from services.scheduler.timing import DEFAULT_PRIOR, StepCoefficients, StepTimes
 from shared.nats_auth import NatsAuthSettings
 from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field
@@ -41,6 +42,25 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
             "reject (429) requests when every decode node is predicted, for when their prefill "
             "ends, to exceed this time between tokens or to lack room for their KV"
         ),
+    )
+    saturation_ttft_ms: float = Field(
+        default=2000.0,
+        gt=0,
+        description="the time to first token a prefill node's saturation gauge counts as 1.0 "
+        "while CRESCENT_TTFT_SLO_MS is unset",
+    )
+    saturation_tbt_ms: float = Field(
+        default=100.0,
+        gt=0,
+        description="the time between tokens a decode node's saturation gauge counts as 1.0 "
+        "while CRESCENT_TBT_SLO_MS is unset",
+    )
+    saturation_prompt_tokens: int = Field(
+        default=REFERENCE_PROMPT_TOKENS,
+        ge=1,
+        le=1 << 24,
+        description="the prompt a prefill node's saturation prices before this scheduler placed "
+        "any request; after, the mean of its last 256 placements",
     )
     scheduler_id: str = Field(default="", description="unique name; default: random")
     ack_timeout_ms: float = Field(
@@ -156,6 +176,12 @@ class SchedulerSettings(NatsAuthSettings, CacheMetaTokenSettings):
     @property
     def tbt_slo_s(self) -> float | None:
         return None if self.tbt_slo_ms is None else self.tbt_slo_ms / 1000
+
+    def saturation_objectives(self) -> Objectives:
+        """What the saturation gauges count as 1.0: the objectives, else their references."""
+        ttft_ms = self.saturation_ttft_ms if self.ttft_slo_ms is None else self.ttft_slo_ms
+        tbt_ms = self.saturation_tbt_ms if self.tbt_slo_ms is None else self.tbt_slo_ms
+        return Objectives(ttft_s=ttft_ms / 1000, tbt_s=tbt_ms / 1000)
 
     def cost_params(self) -> CostParams:
         return CostParams(

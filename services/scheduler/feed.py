@@ -9,6 +9,7 @@ import time
 
 from services.scheduler.cluster import TIERD, ClusterView
 from services.scheduler.recent import RecentPlacements
+from services.scheduler.saturation import DecodeSteps
 from services.scheduler.wire import node_load
 from shared import subjects
 from shared.cluster_messages import NodeStatus
@@ -23,8 +24,10 @@ VIEWED_ROLES = ("prefill", "decode", TIERD)
 class ClusterFeed:
     """Keeps the view (and the recent placements) in step with what the bus says.
 
-    Owns the set of nodes already warned about a different cache secret. Invariant: a
-    heartbeat counts only when its node id and role are the ones its subject names.
+    Owns the set of nodes already warned about a different cache secret, and the decode
+    nodes' recent steps (``steps``: their time between tokens, for the saturation gauges).
+    Invariant: a heartbeat counts only when its node id and role are the ones its subject
+    names.
     """
 
     def __init__(
@@ -34,6 +37,7 @@ class ClusterFeed:
         self.recent = recent
         self.secret_fingerprint = secret_fingerprint
         self._warned_secret: set[str] = set()
+        self.steps = DecodeSteps()
 
     async def on_heartbeat(self, subject: str, status: NodeStatus) -> None:
         if status.role not in VIEWED_ROLES:
@@ -52,6 +56,7 @@ class ClusterFeed:
             self.view.calibration.add(status.node_id, status.ttft_samples, now)
         if status.role == "decode":
             self.view.handoffs.add(status.handoff_samples)
+            self.steps.add(status.node_id, status.step_samples, now)
         self.view.forget_dead(now)
 
     def _check_secret(self, status: NodeStatus) -> None:

@@ -14,9 +14,10 @@ from services.scheduler.lookup import PrefixIndex, PrefixLookup
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.options import SchedulerOptions
 from services.scheduler.placer import PlacementOptions
+from services.scheduler.saturation import Saturation, measure
 from shared import subjects
 from shared.bus import Bus, NatsBus, Subscription
-from shared.cluster_messages import NodeStatus
+from shared.cluster_messages import MAX_SATURATION_NODES, NodeStatus
 from shared.heartbeat import Heartbeat
 from shared.lifecycle import Lifecycle
 from shared.messages import GenerateRequest
@@ -62,7 +63,7 @@ class SchedulerService:
             self.bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
         bus = self.bus
         view = ClusterView(s.heartbeat_timeout_s, timing=s.step_times(), costs=s.cost_params())
-        metrics = self.metrics = SchedulerMetrics(view)
+        metrics = self.metrics = SchedulerMetrics(view, s.saturation_prompt_tokens)
         if self.index is None:
             self.index = _cachemeta_client(s)
         lookup = PrefixLookup(
@@ -121,10 +122,28 @@ class SchedulerService:
 
     async def _status(self) -> NodeStatus:
         status = self._status_now()
-        if self.handlers is not None and self.settings.ttft_slo_s is not None:
+        if self.handlers is None:
+            return status
+        if self.settings.ttft_slo_s is not None:
             status.ttft_slo_s = self.settings.ttft_slo_s
             status.ttft_floor_s = min(self.handlers.ttft_floor(), 1e6)
+        reading = self._saturation(self.handlers)
+        hottest = sorted(reading.nodes.items(), key=lambda item: -item[1][1])
+        status.saturation = {n: ratio for n, (_, ratio) in hottest[:MAX_SATURATION_NODES]}
+        status.role_saturation = dict(reading.roles)
         return status
+
+    def _saturation(self, handlers: SchedulerHandlers) -> Saturation:
+        """Measures every node's saturation on the heartbeat's tick and sets the gauges."""
+        reading = measure(
+            handlers.view,
+            handlers.feed.steps,
+            handlers.metrics.typical.tokens(),
+            self.settings.saturation_objectives(),
+            time.monotonic(),
+        )
+        handlers.metrics.saturated(reading)
+        return reading
 
     async def stop(self) -> None:
         if self.requests is not None:

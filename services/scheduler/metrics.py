@@ -15,14 +15,20 @@ from prometheus_client.registry import Collector
 
 from services.scheduler.cluster import TIERD, ClusterView
 from services.scheduler.policy import Placement, PlacementRequest, Rejection
+from services.scheduler.saturation import REFERENCE_PROMPT_TOKENS, Saturation, TypicalPrompt
 
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
 
 
 class SchedulerMetrics:
-    """Owns the registry and every metric the scheduler exports; ``view`` is read at scrape."""
+    """Owns the registry and every metric the scheduler exports, and the typical prompt of
+    its recent placements (``typical``, which the saturation gauges price); ``view`` is read
+    at scrape, the saturation reading as last set (``saturated``)."""
 
-    def __init__(self, view: ClusterView) -> None:
+    def __init__(
+        self, view: ClusterView, reference_prompt_tokens: int = REFERENCE_PROMPT_TOKENS
+    ) -> None:
+        self.typical = TypicalPrompt(reference_prompt_tokens)
         self.registry = CollectorRegistry()
         r = self.registry
         self.placements = Counter("crescent_placements", "requests placed on nodes", registry=r)
@@ -75,10 +81,16 @@ class SchedulerMetrics:
             registry=r,
         )
         r.register(_LiveNodes(view))
+        self._saturation = _SaturationGauges()
+        r.register(self._saturation)
 
     def watch_pending(self, pending: Callable[[], float]) -> None:
         """Reads the scheduler's queue depth from ``pending`` at each scrape."""
         self.pending.set_function(pending)
+
+    def saturated(self, reading: Saturation) -> None:
+        """The saturation gauges show ``reading`` from now on (until the next one)."""
+        self._saturation.reading = reading
 
     def replaced(self, cause: str) -> None:
         self.replacements.labels(cause).inc()
@@ -91,6 +103,7 @@ class SchedulerMetrics:
         self.prompt_tokens.inc(request.num_prompt_tokens)
         self.cached_tokens.inc(placement.num_cached_tokens)
         self.pulled_blocks.inc(sum(p.num_blocks for p in placement.pulls))
+        self.typical.add(request.num_prompt_tokens, placement.num_cached_tokens)
 
     def prefetched(self, num_blocks: int) -> None:
         self.prefetched_blocks.inc(num_blocks)
@@ -116,3 +129,31 @@ class _LiveNodes(Collector):
         for role in ("prefill", "decode", TIERD):
             live.add_metric([role], len(self.view.live(role, now)))
         yield live
+
+
+class _SaturationGauges(Collector):
+    """The last saturation reading, exported as set: a node's ratio to its role's objective
+    and each role's figure (``saturation.py``). Nodes gone since are left out with it."""
+
+    def __init__(self) -> None:
+        self.reading = Saturation()
+
+    def collect(self) -> Iterator[Metric]:
+        reading = self.reading  # one reading per scrape, whatever the loop sets meanwhile
+        nodes = GaugeMetricFamily(
+            "crescent_saturation",
+            "a node's predicted TTFT (prefill) or recent time between tokens (decode) over "
+            "its role's objective: 1 is at the objective",
+            labels=["role", "node"],
+        )
+        for node_id, (role, ratio) in sorted(reading.nodes.items()):
+            nodes.add_metric([role, node_id], ratio)
+        yield nodes
+        roles = GaugeMetricFamily(
+            "crescent_role_saturation",
+            "the mean saturation of a role's nodes that take work: the figure to scale it on",
+            labels=["role"],
+        )
+        for role, figure in sorted(reading.roles.items()):
+            roles.add_metric([role], figure)
+        yield roles

@@ -25,6 +25,9 @@ def document() -> dict[str, Any]:
                           free_blocks=546, running_seqs=3, queued_tokens=1200), 5.0)  # fmt: skip
     board.beat(NodeStatus(node_id="decode-0", role="decode", draining=True), 5.0)
     board.beat(NodeStatus(node_id="tierd-h", role="tierd", tiers={"nvme": (4 << 30, 1 << 30)}), 5)
+    board.beat(NodeStatus(node_id="scheduler-0", role="scheduler",
+                          saturation={"prefill-0": 0.8125, "decode-0": 0.0371},
+                          role_saturation={"prefill": 0.8125, "decode": 0.0371}), 5.0)  # fmt: skip
     served = [Served(NOW - 3, 0.1234, 0.0201, 0.9, prompt_tokens=400, cached_tokens=384)]
     return board.snapshot(6.0, NOW, served, {"id": "gateway-x", "model": "m", "in_flight": 2})
 
@@ -39,9 +42,11 @@ def test_the_tables_show_the_documents_figures() -> None:
     out = text_of(document())
     assert "gateway-x · m · 2 in flight" in out
     prefill = next(line for line in out.splitlines() if "prefill-0" in line)
-    for figure in ("prefill", "ok", "3", "1200", "25.0%", "182/728"):
+    for figure in ("prefill", "ok", "3", "1200", "25.0%", "182/728", "81.2%"):
         assert figure in prefill, (figure, prefill)
-    assert "draining" in next(line for line in out.splitlines() if "decode-0" in line)
+    decode = next(line for line in out.splitlines() if "decode-0" in line)
+    assert "draining" in decode and "3.7%" in decode
+    assert "prefill 81.2% · decode 3.7%" in out  # the roles' figures
     tier = next(line for line in out.splitlines() if "tierd-h" in line and "nvme" in line)
     assert "1.0 GiB" in tier and "4.0 GiB" in tier and "25.0%" in tier
     assert "96.0%" in out  # the hit ratio: 384 of 400

@@ -98,12 +98,15 @@ def shown_right(kind: str, value: Any, text: str) -> bool:
 
 
 KIND = {"pool_use": "percent", "hit_ratio": "percent", "use": "percent", "ttft_ms": "ms",
-        "tpot_ms": "ms", "e2e_ms": "ms", "ended_at": "time"}  # fmt: skip
+        "tpot_ms": "ms", "e2e_ms": "ms", "ended_at": "time", "saturation": "percent",
+        "prefill": "percent", "decode": "percent"}  # fmt: skip
 
 
 def expected(rendered: dict[str, Any], path: str) -> Any:
     """The value a figure's path names in the status document."""
     head, *rest = path.split(".")
+    if head == "saturation":
+        return rendered["saturation"][rest[0]]
     if head == "cache" and rest[0] == "hit_ratio":
         return rendered["cache"]["hit_ratio"]
     if head == "cache":
@@ -150,8 +153,9 @@ def test_the_page_shows_the_figures_of_the_status_json(
     roles = {n["role"] for n in shown["nodes"]}
     assert {"gateway", "scheduler", "prefill", "decode", "tierd"} <= roles
     for node in shown["nodes"]:
-        for figure in ("health", "running_seqs", "queued_tokens", "pool_use"):
+        for figure in ("health", "running_seqs", "queued_tokens", "pool_use", "saturation"):
             assert f"nodes.{node['id']}.{figure}" in page.figures
+    assert {"saturation.prefill", "saturation.decode"} <= set(page.figures)
     assert all(f"tiers.{t['node']}.{t['tier']}.use" in page.figures for t in shown["tiers"])
     assert shown["tiers"], "tierd's tiers are on the page"
     assert len([p for p in page.figures if p.endswith(".e2e_ms")]) == len(shown["requests"]) >= 2

@@ -77,3 +77,22 @@ def test_the_hit_ratio_history_adds_up_per_step() -> None:
     assert (cache["prompt_tokens"], cache["cached_tokens"]) == (264, 160)
     assert cache["hit_ratio"] == round(160 / 264, 4)
     assert cache_history([], now)["hit_ratio"] is None
+
+
+def test_the_board_shows_the_saturation_the_latest_scheduler_reports() -> None:
+    board = StatusBoard(heartbeat_timeout_s=3.0)
+    board.beat(NodeStatus(node_id="p0", role="prefill"), 10.0)
+    board.beat(NodeStatus(node_id="d0", role="decode"), 10.0)
+    old = NodeStatus(node_id="s-old", role="scheduler", saturation={"p0": 0.9},
+                     role_saturation={"prefill": 0.9})  # fmt: skip
+    board.beat(old, 9.0)
+    board.beat(NodeStatus(node_id="s0", role="scheduler", saturation={"p0": 1.23456, "d0": 0.2},
+                          role_saturation={"prefill": 1.23456, "decode": 0.2}), 10.0)  # fmt: skip
+    snap = board.snapshot(11.0, 1e9, [], {})
+    assert snap["saturation"] == {"prefill": 1.2346, "decode": 0.2}
+    ratios = {n["id"]: n["saturation"] for n in snap["nodes"]}
+    assert ratios == {"s-old": None, "s0": None, "p0": 1.2346, "d0": 0.2}
+    # Once every scheduler is silent, its figures are of a cluster gone by: none are shown.
+    later = board.snapshot(14.0, 1e9, [], {})
+    assert later["saturation"] == {"prefill": None, "decode": None}
+    assert {n["saturation"] for n in later["nodes"]} == {None}

@@ -72,7 +72,7 @@ class KvEventFeed:
 
     async def removed(self, tier: str, block_hashes: Sequence[bytes]) -> None:
         medium, step = medium_of(tier), MAX_FRAME_BLOCKS
-        events = [
+        events: list[Event] = [
             BlockRemoved(list(block_hashes[i : i + step]), medium)
             for i in range(0, len(block_hashes), step)
         ]

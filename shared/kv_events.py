@@ -86,7 +86,7 @@ class KvEventFrame(WireMessage, kw_only=True):
 
     publisher: Id
     epoch: Id
-    seq: Annotated[int, Meta(ge=0, lt=1 << 63)]
+    seq: Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
     batch: Annotated[bytes, Meta(max_length=MAX_BATCH_BYTES)]
 
 

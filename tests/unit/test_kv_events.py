@@ -3,6 +3,7 @@ example spells the structs out): each side's decoder reads what the other side e
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import msgspec
@@ -19,35 +20,10 @@ from shared.kv_events import (
     medium_of,
     tier_of,
 )
-
-
-# vLLM's structs as its documentation lists them: written here, not imported from Crescent.
-class VllmEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class VllmStored(VllmEvent, tag="BlockStored"):
-    block_hashes: list[bytes | int]
-    parent_block_hash: bytes | int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-
-
-class VllmRemoved(VllmEvent, tag="BlockRemoved"):
-    block_hashes: list[bytes | int]
-    medium: str | None
-
-
-class VllmCleared(VllmEvent, tag="AllBlocksCleared"):
-    pass
-
-
-class VllmBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[VllmStored | VllmRemoved | VllmCleared]
-    data_parallel_rank: int | None = None
+from tests.kvindex.vllm_format import AllBlocksCleared as VllmCleared
+from tests.kvindex.vllm_format import BlockRemoved as VllmRemoved
+from tests.kvindex.vllm_format import BlockStored as VllmStored
+from tests.kvindex.vllm_format import KVEventBatch as VllmBatch
 
 
 def h(i: int) -> bytes:
@@ -154,6 +130,6 @@ def test_long_runs_are_cut_so_every_frame_stays_within_its_block_cap() -> None:
     assert sum(sizes) == count and max(sizes) <= MAX_FRAME_BLOCKS and len(batches) > 3
     chained = [e for b in batches for e in b if isinstance(e, BlockStored)]
     # Each piece of the cut chain names the last block of the piece before as its parent.
-    for before, after in zip(chained, chained[1:], strict=False):
+    for before, after in itertools.pairwise(chained):
         assert after.parent_block_hash == before.block_hashes[-1]
     assert batches[0][0] == AllBlocksCleared("DRAM")

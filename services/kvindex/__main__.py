@@ -1,0 +1,3 @@
+from services.kvindex.main import main
+
+main()

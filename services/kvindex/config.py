@@ -1,0 +1,45 @@
+"""kvindex settings, read once at start from ``CRESCENT_*`` variables."""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import Field, model_validator
+
+from shared.nats_auth import NatsAuthSettings
+from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field, refused
+
+
+class KvIndexSettings(NatsAuthSettings, CacheMetaTokenSettings):
+    """Every option of kvindex. Invariant: outside development mode the catalogue's token is
+    configured, so no query is answered to a caller that does not present it."""
+
+    dev_mode: bool = Field(
+        default=False, description="development: answer queries without a token when none is set"
+    )
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server(s)")
+    node_id: str = Field(default="kvindex", description="this index's id on the bus")
+    kvindex_host: str = Field(default="127.0.0.1", description="interface of the prefix queries")
+    kvindex_port: int = Field(
+        default=8091, ge=0, le=65535, description="HTTP port of the prefix queries; 0: any"
+    )
+    kvindex_resync_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="how long a publisher whose KV events were lost may stay out of step "
+        "before it is asked again to resend them all",
+    )
+    cache_secret: CacheSecret = cache_secret_field(
+        "key of the per-tenant cache salts, for queries by token ids; the same as the nodes'"
+    )
+    metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
+    metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
+
+    @model_validator(mode="after")
+    def _require_token(self) -> Self:
+        if self.cachemeta_token_value() is None and not self.dev_mode:
+            raise refused(
+                "kvindex needs CRESCENT_CACHEMETA_TOKEN or CRESCENT_CACHEMETA_TOKEN_FILE "
+                "(or CRESCENT_DEV_MODE=true to answer anyone)"
+            )
+        return self

@@ -1,0 +1,57 @@
+"""The bus side of kvindex: frames of KV events in, resend requests out."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+
+import msgspec
+
+from services.kvindex.index import KvIndex
+from shared import subjects
+from shared.bus import Bus
+from shared.kv_events import KvEventFrame, KvResyncRequest, decode_batch
+
+log = logging.getLogger(__name__)
+
+
+class KvEventHandlers:
+    """Translates each frame into a fold of the index, and a fold's resync into a request to
+    the publisher. Owns the tallies of frames by outcome (``folded``, ``replayed``,
+    ``malformed``, ``misaddressed``) and of the resend requests sent."""
+
+    def __init__(
+        self, index: KvIndex, bus: Bus, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.index = index
+        self.bus = bus
+        self.clock = clock
+        self.frames: Counter[str] = Counter()
+        self.resyncs_asked = 0
+
+    async def on_frame(self, subject: str, frame: KvEventFrame) -> None:
+        # The subject is what NATS permissions vouch for; a frame naming another publisher
+        # would let one publisher overwrite another's view.
+        if subject != subjects.kv_events(frame.publisher):
+            self.frames["misaddressed"] += 1
+            log.warning("dropped KV events of %r sent on %s", frame.publisher, subject)
+            return
+        try:
+            batch = decode_batch(frame.batch)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # Its number is not folded: the next frame shows a gap, and a resend follows.
+            self.frames["malformed"] += 1
+            log.warning("dropped a malformed KV event batch on %s: %s", subject, exc)
+            return
+        folded = self.index.fold(frame.publisher, frame.epoch, frame.seq, batch, self.clock())
+        self.frames["folded" if folded.applied else "replayed"] += 1
+        if folded.resync:
+            await self.ask_resend(frame.publisher, folded.resync)
+
+    async def ask_resend(self, publisher: str, reason: str) -> None:
+        log.info("asking %s to resend its KV events: %s", publisher, reason)
+        self.resyncs_asked += 1
+        request = KvResyncRequest(publisher=publisher, reason=reason)
+        await self.bus.publish(subjects.kv_resyncs(publisher), request)

@@ -1,0 +1,173 @@
+"""kvindex on a real NATS server: a publisher written from vLLM's documented format (not
+Crescent's classes) sends numbered frames, the index folds them, asks for a resend after a
+gap, and answers prefix queries over HTTP; bad queries get a clear 400."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.msg import Msg
+
+from services.kvindex.main import KvIndexService
+from shared import subjects
+from tests.kvindex.conftest import running_index
+from tests.kvindex.vllm_format import AllBlocksCleared, BlockRemoved, BlockStored, frame
+from tests.support.wait import wait_for_condition
+
+# Unique per run: the NATS server may be shared with other tests.
+VLLM = f"vllm-{uuid.uuid4().hex[:8]}"
+
+
+def gpu(keys: list[int], parent: int | None, medium: str = "GPU") -> BlockStored:
+    return BlockStored(keys, parent, list(range(16 * len(keys))), 16, None, medium)
+
+
+def folded(service: KvIndexService, publisher: str) -> int:
+    """The last frame of ``publisher`` the index folded (-1: none)."""
+    view = service.index.publishers.get(publisher)
+    return -1 if view is None else view.last_seq
+
+
+def held(body: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per instance, leading blocks per tier and across tiers (``*``)."""
+    return {
+        name: {t: m["blocks"] for t, m in inst["tiers"].items()} | {"*": inst["matched_blocks"]}
+        for name, inst in body["instances"].items()
+    }
+
+
+def test_a_vllm_publishers_frames_are_indexed_and_queried_per_tier(nats_url: str) -> None:
+    async def scenario() -> None:
+        async with running_index(nats_url) as (service, http):
+            nc = await nats.connect(nats_url)
+            try:
+                subject = subjects.kv_events(VLLM)
+                await nc.publish(subject, frame(VLLM, "run1", 0, [gpu([11, 12, 13], None)]))
+                batch = [BlockRemoved([13], "GPU"), gpu([21], 12, medium="CPU")]
+                await nc.publish(subject, frame(VLLM, "run1", 1, batch))
+                await wait_for_condition(lambda: folded(service, VLLM) == 1, "both frames folded")
+                reply = await http.post("/v1/kv/query", json={"block_hashes": [11, 12, 13]})
+                assert reply.status_code == 200
+                assert reply.json() == {
+                    "num_blocks": 3,
+                    "instances": {
+                        VLLM: {
+                            "longest_matched": 32,
+                            "matched_blocks": 2,
+                            "complete": True,
+                            "tiers": {"gpu": {"blocks": 2, "tokens": 32}},
+                        }
+                    },
+                }
+                # The CPU copy continues the GPU prefix: three blocks across the two tiers.
+                reply = await http.post("/v1/kv/query", json={"block_hashes": [11, 12, 21]})
+                assert held(reply.json()) == {VLLM: {"gpu": 2, "*": 3}}
+                listing = (await http.get("/v1/kv/publishers")).json()["publishers"]
+                assert listing[VLLM]["tiers"] == {"cpu": 1, "gpu": 2}
+                assert listing[VLLM]["last_seq"] == 1
+            finally:
+                await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_gap_drops_the_view_and_asks_the_publisher_to_resend(nats_url: str) -> None:
+    async def scenario() -> None:
+        async with running_index(nats_url) as (service, http):
+            nc = await nats.connect(nats_url)
+            asked: list[dict[str, Any]] = []
+
+            async def on_request(msg: Msg) -> None:
+                asked.append(json.loads(msg.data))
+
+            await nc.subscribe(subjects.kv_resyncs(VLLM), cb=on_request)
+            await nc.flush()
+            subject = subjects.kv_events(VLLM)
+            query = {"block_hashes": [1, 2]}
+            try:
+                await nc.publish(subject, frame(VLLM, "run2", 0, [gpu([1, 2], None)]))
+                await nc.publish(subject, frame(VLLM, "run2", 2, [gpu([3], 2)]))  # 1 is lost
+                await wait_for_condition(lambda: bool(asked), "a resend request")
+                assert asked[0]["publisher"] == VLLM and "missed" in asked[0]["reason"]
+                assert (await http.post("/v1/kv/query", json=query)).json()["instances"] == {}
+                # vLLM's resend is a clear (of every medium) and its blocks again.
+                resend = [AllBlocksCleared(), gpu([1, 2], None)]
+                await nc.publish(subject, frame(VLLM, "run2", 3, resend))
+                await wait_for_condition(lambda: folded(service, VLLM) == 3, "the resend folded")
+                body = (await http.post("/v1/kv/query", json=query)).json()
+                assert held(body) == {VLLM: {"gpu": 2, "*": 2}}
+                assert body["instances"][VLLM]["complete"] is True
+            finally:
+                await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_frame_naming_another_publisher_than_its_subject_is_dropped(nats_url: str) -> None:
+    async def scenario() -> None:
+        async with running_index(nats_url) as (service, _):
+            nc = await nats.connect(nats_url)
+            try:
+                forged = frame(f"{VLLM}-victim", "e", 0, [gpu([5], None)])
+                await nc.publish(subjects.kv_events(f"{VLLM}-intruder"), forged)
+                await wait_for_condition(
+                    lambda: service.handlers.frames["misaddressed"] == 1, "the forged frame seen"
+                )
+                assert not any(p.startswith(VLLM) for p in service.index.publishers)
+            finally:
+                await nc.close()
+
+    asyncio.run(scenario())
+
+
+BAD_QUERIES = [
+    ({}, "give either block_hashes or token_ids"),
+    ({"block_hashes": [1], "token_ids": [1]}, "give either block_hashes or token_ids"),
+    ({"block_hashes": ["zz"]}, "is not hex"),
+    ({"block_hashes": [True]}, "block_hashes.0"),
+    ({"block_hashes": [1 << 70]}, "outside 64 bits"),
+    ({"token_ids": [1, 2]}, "token_ids need block_size"),
+    ({"token_ids": [1, 2], "block_size": 2}, "need root_hash, or model, kv_dtype and tenant_id"),
+    ({"token_ids": [-1], "block_size": 1, "root_hash": "00" * 16}, "unsigned 32-bit"),
+    ({"token_ids": [1], "block_size": 1, "root_hash": "00" * 8}, "root_hash is 16 bytes"),
+    ({"block_hashes": [1], "tiers": ["dram"]}, "tiers: Extra inputs are not permitted"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_QUERIES)
+def test_a_bad_query_gets_a_400_that_says_what_is_wrong(
+    nats_url: str, body: dict[str, Any], message: str
+) -> None:
+    async def scenario() -> None:
+        async with running_index(nats_url) as (_, http):
+            reply = await http.post("/v1/kv/query", json=body)
+            assert reply.status_code == 400
+            error = reply.json()["error"]
+            assert message in error["message"] and error["code"] == 400
+            reply = await http.post("/v1/kv/query", content=b"{not json")
+            assert reply.status_code == 400 and reply.json()["error"]["message"] == (
+                "the body is not JSON"
+            )
+
+    asyncio.run(scenario())
+
+
+def test_queries_need_the_token_once_one_is_configured(nats_url: str) -> None:
+    token = "kvindex-test-token-0123456789abcdef"
+
+    async def scenario() -> None:
+        async with running_index(nats_url, cachemeta_token=token) as (_, http):
+            query = {"block_hashes": [1]}
+            assert (await http.post("/v1/kv/query", json=query)).status_code == 401
+            wrong = {"authorization": "Bearer not-it"}
+            assert (await http.get("/v1/kv/publishers", headers=wrong)).status_code == 401
+            right = {"authorization": f"Bearer {token}"}
+            reply = await http.post("/v1/kv/query", json=query, headers=right)
+            assert reply.status_code == 200 and reply.json()["instances"] == {}
+
+    asyncio.run(scenario())

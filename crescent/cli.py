@@ -15,6 +15,7 @@ from typing import Any, NoReturn
 
 from crescent import config_reference, generate, secrets_cli, status, up
 from crescent.bench import options as bench_options
+from crescent.plan import cli as plan_cli
 from crescent.sim import cli as sim_cli
 
 SERVICES = ("gateway", "scheduler", "prefill", "decode", "tierd")
@@ -101,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
     )
+    plan_cli.add_arguments(
+        sub.add_parser(
+            "plan",
+            help="the fewest prefill and decode nodes that meet TTFT and TPOT objectives",
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
+    )
     serve = sub.add_parser("serve", help="run one service in this process")
     serve.add_argument("service", choices=SERVICES)
     hash_key = sub.add_parser(
@@ -147,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "sim":
         return sim_cli.run(args)
+    if args.command == "plan":
+        return plan_cli.run(args)
     if args.command == "hash-key":
         return _hash_key(args.tenant)
     if args.command == "status":

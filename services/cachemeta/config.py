@@ -6,8 +6,9 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
+from shared.catalogue_token import require_token
 from shared.model.files import default_cache_dir
-from shared.secrets import CacheMetaTokenSettings, check_db_url, refused
+from shared.secrets import CacheMetaTokenSettings, check_db_url
 from shared.service_settings import ServiceSettings
 
 
@@ -44,11 +45,7 @@ class CacheMetaSettings(CacheMetaTokenSettings):
 
     @model_validator(mode="after")
     def _require_token(self) -> Self:
-        if self.cachemeta_token_value() is None and not self.dev_mode:
-            raise refused(
-                "cachemeta needs CRESCENT_CACHEMETA_TOKEN or CRESCENT_CACHEMETA_TOKEN_FILE "
-                "(or CRESCENT_DEV_MODE=true to serve anyone)"
-            )
+        require_token(self, self.dev_mode, "cachemeta", "serve anyone")
         check_db_url(self.db_url, dev=self.dev_mode)
         return self
 

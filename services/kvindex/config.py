@@ -6,8 +6,9 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
+from shared.catalogue_token import require_token
 from shared.nats_auth import NatsAuthSettings
-from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field, refused
+from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field
 
 
 class KvIndexSettings(NatsAuthSettings, CacheMetaTokenSettings):
@@ -37,9 +38,5 @@ class KvIndexSettings(NatsAuthSettings, CacheMetaTokenSettings):
 
     @model_validator(mode="after")
     def _require_token(self) -> Self:
-        if self.cachemeta_token_value() is None and not self.dev_mode:
-            raise refused(
-                "kvindex needs CRESCENT_CACHEMETA_TOKEN or CRESCENT_CACHEMETA_TOKEN_FILE "
-                "(or CRESCENT_DEV_MODE=true to answer anyone)"
-            )
+        require_token(self, self.dev_mode, "kvindex", "answer anyone")
         return self

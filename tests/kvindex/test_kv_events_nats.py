@@ -24,7 +24,9 @@ VLLM = f"vllm-{uuid.uuid4().hex[:8]}"
 
 
 def gpu(keys: list[int], parent: int | None, medium: str = "GPU") -> BlockStored:
-    return BlockStored(keys, parent, list(range(16 * len(keys))), 16, None, medium)
+    return BlockStored(
+        list[bytes | int](keys), parent, list(range(16 * len(keys))), 16, None, medium
+    )
 
 
 def folded(service: KvIndexService, publisher: str) -> int:

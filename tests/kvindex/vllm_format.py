@@ -75,17 +75,17 @@ class Rebuilt:
 
     def _apply(self, publisher: str, event: Event, medium: str | None) -> None:
         if isinstance(event, AllBlocksCleared):
-            for key in [k for k in self.views if k[0] == publisher]:
-                if medium is None or key[1] == medium:
-                    del self.views[key]
+            for where in [w for w in self.views if w[0] == publisher]:
+                if medium is None or where[1] == medium:
+                    del self.views[where]
             return
         assert isinstance(event, BlockStored | BlockRemoved)
         view = self.views.setdefault((publisher, str(event.medium)), {})
         if isinstance(event, BlockRemoved):
-            for key in event.block_hashes:
-                view.pop(key, None)
+            for block in event.block_hashes:
+                view.pop(block, None)
             return
         parent = event.parent_block_hash
-        for key in event.block_hashes:
-            view[key] = parent
-            parent = key
+        for block in event.block_hashes:
+            view[block] = parent
+            parent = block

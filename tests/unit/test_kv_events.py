@@ -15,6 +15,7 @@ from shared.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
+    Event,
     decode_batch,
     encode_batch,
     medium_of,
@@ -31,7 +32,7 @@ def h(i: int) -> bytes:
 
 
 def test_vllms_decoder_reads_crescents_batch() -> None:
-    events = [
+    events: list[Event] = [
         AllBlocksCleared("NVME"),
         BlockStored([h(1), h(2)], h(0), [], 32, None, "NVME"),
         BlockRemoved([h(2)], "NVME"),
@@ -124,7 +125,7 @@ def test_stored_blocks_go_out_as_one_event_per_chain_run() -> None:
 def test_long_runs_are_cut_so_every_frame_stays_within_its_block_cap() -> None:
     count = 3 * MAX_FRAME_BLOCKS
     blocks = [ChainBlock(h(i + 1), h(i), 32) for i in range(count)]
-    events = [AllBlocksCleared("DRAM"), *stored_events("dram", blocks)]
+    events: list[Event] = [AllBlocksCleared("DRAM"), *stored_events("dram", blocks)]
     batches = list(frames(events))
     sizes = [sum(len(e.block_hashes) for e in b if isinstance(e, BlockStored)) for b in batches]
     assert sum(sizes) == count and max(sizes) <= MAX_FRAME_BLOCKS and len(batches) > 3

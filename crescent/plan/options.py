@@ -81,8 +81,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--capacity-blocks", type=_blocks, default=4000, help="each pool, or inf")
     sim.add_argument("--no-decode-pools", action="store_true", help="decode nodes keep no KV")
     goal = parser.add_argument_group("objectives and search")
-    for objective in ("--ttft-slo-ms", "--tpot-slo-ms"):
-        goal.add_argument(objective, type=_above_zero, default=None, help="None: the cost model's")
+    for latency in ("ttft", "tpot"):
+        # Also spelt as crescent sim spells it, so a line moves between the two commands.
+        goal.add_argument(
+            f"--{latency}-slo-ms",
+            f"--slo-{latency}-ms",
+            type=_above_zero,
+            default=None,
+            help="None: the cost model's",
+        )
     goal.add_argument(
         "--attainment",
         type=_number(float, 0, 1, above=True),

@@ -48,9 +48,10 @@ class Objectives:
     tpot_s: float
     attainment: float
 
-    @property
-    def allowed_misses(self) -> float:
-        return 1.0 - self.attainment
+    def too_many(self, missed: float) -> bool:
+        """Whether a share ``missed`` of requests missing one objective is more than may
+        miss: the share meeting that objective alone is below the required attainment."""
+        return 1.0 - missed < self.attainment
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -179,13 +180,13 @@ class Search:
             best = self._settle(self._shrink(cheaper))
 
     def _bracket(self) -> Shape | None:
-        shape, limits, allowed = Shape(1, 1), self.limits, self.objectives.allowed_misses
+        shape, limits, too_many = Shape(1, 1), self.limits, self.objectives.too_many
         while True:
             found = self.outcome(shape)
             if self.meets(found):
                 return shape
-            grow_prefill = found.ttft_missed > allowed and shape.prefill < limits.max_prefill
-            grow_decode = found.tpot_missed > allowed and shape.decode < limits.max_decode
+            grow_prefill = too_many(found.ttft_missed) and shape.prefill < limits.max_prefill
+            grow_decode = too_many(found.tpot_missed) and shape.decode < limits.max_decode
             if not (grow_prefill or grow_decode):
                 # Neither pool alone, or the one that needs it is at its cap: grow what can.
                 grow_prefill = grow_decode = True
@@ -247,11 +248,11 @@ class Search:
         """Whether the pool cut in ``shape`` already missed too much alone in a simulated shape
         with as many of its nodes and no more of the other kind: more of the other kind does
         not lower those misses (the more prefill nodes, the more load reaches decode)."""
-        allowed, cut_prefill = self.objectives.allowed_misses, not cut_decode
+        too_many, cut_prefill = self.objectives.too_many, not cut_decode
         return any(
             _count(s, cut_prefill) >= _count(shape, cut_prefill)
             and _count(s, not cut_prefill) <= _count(shape, not cut_prefill)
-            and (o.tpot_missed if cut_decode else o.ttft_missed) > allowed
+            and too_many(o.tpot_missed if cut_decode else o.ttft_missed)
             for s, o in self.outcomes.items()
         )
 

@@ -108,8 +108,6 @@ class CatalogueSync:
     async def drop_all(self) -> None:
         """Tells cachemeta this node holds nothing any more (a clean shutdown)."""
         await self.client.register_blocks(self.node_id, TIER, [], replace=True)
-        if self.events is not None:
-            await self.events.replaced(TIER, [])
 
     async def _resync(self) -> None:
         blocks = await self.engine.snapshot()

@@ -1,5 +1,5 @@
-"""kvindex fixtures: a real NATS server for the module, and a running index with an HTTP
-client to its prefix queries."""
+"""kvindex fixtures: a real NATS server for the module, a running index with an HTTP client
+to its prefix queries, and cachemeta's (the test loop gRPC needs, a Postgres database)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ import pytest
 
 from services.kvindex.config import KvIndexSettings
 from services.kvindex.main import KvIndexService
+from tests.cachemeta.conftest import bg_loop, postgres
 from tests.support.nats import nats_url as running_nats
+
+__all__ = ["bg_loop", "postgres"]
 
 
 @pytest.fixture(scope="module")

@@ -61,6 +61,7 @@ class Rebuilt:
     )
     next_seq: dict[str, int] = field(default_factory=dict)
     gaps: int = 0
+    removed: int = 0
 
     def take(self, data: bytes) -> None:
         message = json.loads(data)
@@ -82,6 +83,7 @@ class Rebuilt:
         assert isinstance(event, BlockStored | BlockRemoved)
         view = self.views.setdefault((publisher, str(event.medium)), {})
         if isinstance(event, BlockRemoved):
+            self.removed += len(event.block_hashes)
             for block in event.block_hashes:
                 view.pop(block, None)
             return

@@ -40,3 +40,23 @@ class KvIndexSettings(NatsAuthSettings, CacheMetaTokenSettings):
     def _require_token(self) -> Self:
         require_token(self, self.dev_mode, "kvindex", "answer anyone")
         return self
+
+
+class RelaySettings(NatsAuthSettings):
+    """What a relay of another engine's KV events reads: where that engine publishes them
+    (vLLM's ZMQ PUB socket and topic), the publisher id its frames carry here, and NATS."""
+
+    nats_url: str = Field(default="nats://127.0.0.1:4222", description="NATS server(s)")
+    relay_zmq_endpoint: str = Field(
+        default="tcp://127.0.0.1:5557", description="the engine's KV events (ZMQ PUB) to relay"
+    )
+    relay_zmq_topic: str = Field(default="", description="the ZMQ topic to relay; empty: all")
+    relay_publisher: str = Field(
+        default="", description="the publisher id the relayed frames carry (one per engine)"
+    )
+
+    @model_validator(mode="after")
+    def _named(self) -> Self:
+        if not self.relay_publisher:
+            raise ValueError("name the relayed engine: set relay_publisher")
+        return self

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 import nats
+import pytest
 from nats.aio.msg import Msg
 
 from services.decode.config import DecodeSettings
@@ -69,6 +70,7 @@ async def serve_prompt(bus: NatsBus, node: str, rid: str, prompt: list[int]) -> 
     assert not any(c.error for c in stream.chunks)
 
 
+@pytest.mark.slow
 def test_events_rebuild_the_catalogues_view_and_queries_agree_with_its_grpc_answer(
     bg_loop: BackgroundLoop,
     postgres: Postgres,

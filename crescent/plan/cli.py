@@ -19,7 +19,7 @@ from crescent.plan.options import add_arguments
 
 if TYPE_CHECKING:
     from crescent.plan.observe import Observation
-    from crescent.plan.search import Plan
+    from crescent.plan.shapes import Plan
     from crescent.sim.costs import CostModel
     from crescent.traces import TraceRecord
 
@@ -34,7 +34,8 @@ class _Stop(Exception):
 
 def run(args: argparse.Namespace) -> int:
     from crescent.plan.evaluate import SimulatedCluster
-    from crescent.plan.search import Limits, Objectives, plan
+    from crescent.plan.search import plan
+    from crescent.plan.shapes import Limits, Objectives
     from crescent.sim.cluster import SimConfig
     from crescent.sim.costs import cost_model
 
@@ -161,7 +162,7 @@ def _scaling(
 ) -> tuple[dict[str, Any], int]:
     """What the live mode decided and, with --apply, did; with the run's exit status."""
     from crescent.plan.scale import Target, apply, command, decide, hold_reason
-    from crescent.plan.search import Shape
+    from crescent.plan.shapes import Shape
 
     hold = hold_reason(found, observation, args.min_requests)
     decision: dict[str, Any] = {"hold": hold, "commands": [], "applied": []}

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from crescent.plan.search import Objectives, Outcome, Shape
+from crescent.plan.shapes import Objectives, Outcome, Shape
 from crescent.sim.cluster import SimConfig, Simulation
 from crescent.sim.nodes import Job
 from crescent.traces import TraceRecord

@@ -116,7 +116,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=20,
         help="fewer in the window: print the plan, scale nothing",
     )
-    live.add_argument("--apply", action="store_true", help="scale the StatefulSets (kubectl)")
+    live.add_argument(
+        "--apply",
+        action="store_true",
+        help="scale the StatefulSets with kubectl (keep --max-*-nodes within the slots of "
+        "`crescent secrets k8s`: a pod past them refuses to start)",
+    )
     live.add_argument("--kubectl", default="kubectl", help="the kubectl command")
     live.add_argument("--namespace", default=NAMESPACE)
     live.add_argument("--prefill-statefulset", default=PREFILL_SET)

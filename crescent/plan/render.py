@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from crescent.plan.observe import Observation
-from crescent.plan.search import Objectives, Outcome, Plan, Shape
+from crescent.plan.shapes import Objectives, Outcome, Plan, Shape
 
 
 def seconds(value: float) -> str:

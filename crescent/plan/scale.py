@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from crescent.plan.observe import Observation
-    from crescent.plan.search import Plan, Shape
+    from crescent.plan.shapes import Plan, Shape
 
 NAMESPACE = "crescent"
 PREFILL_SET = "crescent-prefill"

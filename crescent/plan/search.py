@@ -16,7 +16,7 @@ The search, in four steps:
 
 1. Bracket: from one node of each kind, double the pool whose misses alone exceed the share
    allowed to miss (both pools when neither does alone) until a shape meets the objectives.
-   When neither pool can grow within its cap, no shape within the caps meets them.
+   No shape meets them when a pool at its cap still misses too much alone.
 2. Shrink: bisect the prefill count down at that decode count, then the decode count at the
    prefill count found. Known failures bound each bisection from below.
 3. Settle: simulate both next smaller shapes (one prefill node fewer, one decode node fewer).
@@ -36,83 +36,8 @@ Pure: the caller passes the function that simulates one shape.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
-class Objectives:
-    """What the cluster must do: TTFT and TPOT under these (seconds) for at least the share
-    ``attainment`` of the requests (refused ones count as missing both)."""
-
-    ttft_s: float
-    tpot_s: float
-    attainment: float
-
-    def too_many(self, missed: float) -> bool:
-        """Whether a share ``missed`` of requests missing one objective is more than may
-        miss: the share meeting that objective alone is below the required attainment."""
-        return 1.0 - missed < self.attainment
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Shape:
-    """A cluster's size: its prefill and decode node counts, each at least 1."""
-
-    prefill: int
-    decode: int
-
-    @property
-    def nodes(self) -> int:
-        return self.prefill + self.decode
-
-    def smaller(self) -> tuple[Shape, ...]:
-        """The shapes with one prefill node fewer and one decode node fewer, where they exist."""
-        fewer = (Shape(self.prefill - 1, self.decode), Shape(self.prefill, self.decode - 1))
-        return tuple(s for s in fewer if s.prefill >= 1 and s.decode >= 1)
-
-    def covers(self, other: Shape) -> bool:
-        """No fewer nodes of either kind than ``other``."""
-        return self.prefill >= other.prefill and self.decode >= other.decode
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """One shape's simulated replay. ``ttft_s`` and ``tpot_s``: the latencies the required
-    share of requests stays within (the attainment quantile; refused requests count as
-    infinite); ``ttft_missed`` and ``tpot_missed``: the shares missing each objective."""
-
-    shape: Shape
-    attainment: float
-    ttft_s: float
-    tpot_s: float
-    ttft_missed: float
-    tpot_missed: float
-    requests: int
-    rejected: int
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The most nodes of each kind a shape may have, and the most simulations a search runs."""
-
-    max_prefill: int = 64
-    max_decode: int = 64
-    simulations: int = 40
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """A search's answer: ``best`` is the cheapest shape that met the objectives (None: none
-    did), ``smaller`` its next smaller shapes with their outcomes (None: not simulated, the
-    search was cut), ``tried`` every simulation in the order run."""
-
-    objectives: Objectives
-    limits: Limits
-    best: Outcome | None
-    smaller: tuple[tuple[Shape, Outcome | None], ...]
-    tried: tuple[Outcome, ...]
-    cut: bool
-
+from crescent.plan.shapes import Limits, Objectives, Outcome, Plan, Shape
 
 Simulate = Callable[[Shape], Outcome]
 
@@ -180,15 +105,17 @@ class Search:
             best = self._settle(self._shrink(cheaper))
 
     def _bracket(self) -> Shape | None:
-        shape, limits, too_many = Shape(1, 1), self.limits, self.objectives.too_many
+        shape, limits = Shape(1, 1), self.limits
+        too_many = self.objectives.too_many
         while True:
             found = self.outcome(shape)
             if self.meets(found):
                 return shape
-            grow_prefill = too_many(found.ttft_missed) and shape.prefill < limits.max_prefill
-            grow_decode = too_many(found.tpot_missed) and shape.decode < limits.max_decode
+            if self._stuck(found):
+                return None
+            grow_prefill = too_many(found.ttft_missed)
+            grow_decode = too_many(found.tpot_missed)
             if not (grow_prefill or grow_decode):
-                # Neither pool alone, or the one that needs it is at its cap: grow what can.
                 grow_prefill = grow_decode = True
             bigger = Shape(
                 min(shape.prefill * (2 if grow_prefill else 1), limits.max_prefill),
@@ -197,6 +124,15 @@ class Search:
             if bigger == shape:
                 return None
             shape = bigger
+
+    def _stuck(self, found: Outcome) -> bool:
+        """Whether a pool at its cap still misses too much alone: more of the other kind
+        cannot help it (TTFT hardly depends on decode nodes, and more prefill nodes only send
+        decode more load)."""
+        too_many, limits, shape = self.objectives.too_many, self.limits, found.shape
+        return (too_many(found.ttft_missed) and shape.prefill >= limits.max_prefill) or (
+            too_many(found.tpot_missed) and shape.decode >= limits.max_decode
+        )
 
     def _shrink(self, shape: Shape) -> Shape:
         """The least prefill count that meets at ``shape``'s decode count, then the least

@@ -94,7 +94,10 @@ def test_no_cluster_within_the_limits(capsys: pytest.CaptureFixture[str]) -> Non
     args = ["plan", "--num-requests", "300", "--time-scale", "0.05", "--max-prefill-nodes", "2"]
     found = run_json(capsys, *args, "--max-decode-nodes", "2", status=1)
     assert found["recommended"] is None and found["smaller"] == []
-    assert {(t["prefill_nodes"], t["decode_nodes"]) for t in found["tried"]} >= {(2, 2)}
+    shapes = [(t["prefill_nodes"], t["decode_nodes"]) for t in found["tried"]]
+    assert all(p <= 2 and d <= 2 for p, d in shapes)
+    assert 2 in shapes[-1]  # it stopped at a cap
+    assert not any(t["meets"] for t in found["tried"])
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from crescent.plan.evaluate import SimulatedCluster, measure
-from crescent.plan.search import Objectives, Shape
+from crescent.plan.shapes import Objectives, Shape
 from crescent.sim.cluster import SimConfig, simulate
 from crescent.sim.nodes import Job
 from crescent.traces import CONVERSATION_TRACE, load_trace

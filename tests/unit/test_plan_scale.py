@@ -18,7 +18,7 @@ from crescent.plan.scale import (
     decide,
     hold_reason,
 )
-from crescent.plan.search import Limits, Objectives, Outcome, Plan, Shape
+from crescent.plan.shapes import Limits, Objectives, Outcome, Plan, Shape
 
 BASE = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "base"
 TARGET = Target()

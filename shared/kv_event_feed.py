@@ -9,6 +9,7 @@ lost frames, or joined late, has every tier back once that resend has arrived.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -61,6 +62,9 @@ class KvEventFeed:
         self._resend = False
         self._listening = False
         self._failing = False
+        # One send at a time: the frames of one change go out together and in number order,
+        # whichever task (a sink round, a prefetch) made it.
+        self._sending = asyncio.Lock()
 
     def take_resend(self) -> bool:
         """True once per resend owed; the caller then sends each tier whole (``replaced``)."""
@@ -85,24 +89,25 @@ class KvEventFeed:
     async def _send(self, events: list[Event]) -> None:
         if not events:
             return
-        await self._listen()
-        for batch in frames(events):
-            frame = KvEventFrame(
-                publisher=self.publisher,
-                epoch=self.epoch,
-                seq=self.next_seq,
-                batch=encode_batch(batch),
-            )
-            self.next_seq += 1
-            try:
-                await self.bus.publish(self.subject, frame)
-            except Exception as exc:
-                self._resend = True
-                if not self._failing:
-                    log.warning("KV events on %s not sent (%r); resend owed", self.subject, exc)
-                self._failing = True
-                continue
-            self._failing = False
+        async with self._sending:
+            await self._listen()
+            for batch in frames(events):
+                await self._send_frame(batch)
+
+    async def _send_frame(self, batch: list[Event]) -> None:
+        frame = KvEventFrame(
+            publisher=self.publisher, epoch=self.epoch, seq=self.next_seq, batch=encode_batch(batch)
+        )
+        self.next_seq += 1
+        try:
+            await self.bus.publish(self.subject, frame)
+        except Exception as exc:
+            self._resend = True
+            if not self._failing:
+                log.warning("KV events on %s not sent (%r); resend owed", self.subject, exc)
+            self._failing = True
+            return
+        self._failing = False
 
     async def _listen(self) -> None:
         """Listens for resend requests from the first frame on (tried again until it works)."""

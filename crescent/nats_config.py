@@ -28,7 +28,9 @@ from shared.secrets import read_secret_file
 
 ACCOUNT = "CRESCENT"
 SYSTEM_ACCOUNT = "SYS"
-USERS = (*subjects.ROLES, TOOLS)
+#: The KV index (``services.kvindex``): one instance per deployment, a user of its own.
+KVINDEX = "kvindex"
+USERS = (*subjects.ROLES, KVINDEX, TOOLS)
 #: A role's users stand for every node of the role (``node_permissions(role, ANY)``).
 ANY = "*"
 DISCONNECT_ADVISORIES = f"$SYS.ACCOUNT.{ACCOUNT}.DISCONNECT"
@@ -50,9 +52,10 @@ class RolePermissions:
 
 
 def _node(role: str, me: str, user: str) -> RolePermissions:
-    """A prefill or decode node ``me``: tasks, leases, pins, replays and its tierd's requests
-    on its own subjects; tokens, lease releases and pins to anyone (a stream's chunks are
-    tagged with the request's key, ``shared.stream_auth``, so writing is not enough)."""
+    """A prefill or decode node ``me``: tasks, leases, pins, replays, its tierd's requests and
+    resend requests of its KV events on its own subjects; tokens, lease releases and pins to
+    anyone (a stream's chunks are tagged with the request's key, ``shared.stream_auth``, so
+    writing is not enough); KV events as itself only."""
     publish = [
         subjects.tokens("*"),
         subjects.lease_releases("*"),
@@ -60,6 +63,7 @@ def _node(role: str, me: str, user: str) -> RolePermissions:
         subjects.gateway_checks("*"),
         subjects.heartbeats(role, me),
         subjects.corrupt_reports("*"),
+        subjects.kv_events(me),
     ]
     if role == "prefill":
         # A hand-off to a decode node that went unanswered is aborted there.
@@ -76,6 +80,7 @@ def _node(role: str, me: str, user: str) -> RolePermissions:
         # Their tierd asks them for cold blocks and says which ones it holds now.
         subjects.sinks(me),
         subjects.sunk(me),
+        subjects.kv_resyncs(me),
         f"{inbox_prefix(user)}.>",
     )
     return RolePermissions(tuple(publish), subscribe, responds=True)
@@ -83,19 +88,22 @@ def _node(role: str, me: str, user: str) -> RolePermissions:
 
 def _tierd(me: str, user: str) -> RolePermissions:
     """The tier daemon ``me`` of a host: asks its nodes for cold blocks and releases their
-    leases; answers pins and prefetches of the blocks it holds, and reports of corrupt ones."""
+    leases; answers pins and prefetches of the blocks it holds, and reports of corrupt ones;
+    publishes its tiers' KV events as itself, and takes the requests to resend them."""
     return RolePermissions(
         publish=(
             subjects.sinks("*"),
             subjects.sunk("*"),
             subjects.lease_releases("*"),
             subjects.heartbeats("tierd", me),
+            subjects.kv_events(me),
         ),
         subscribe=(
             subjects.peer_pins(me),
             subjects.lease_releases(me),
             subjects.prefetches(me),
             subjects.corrupt_reports(me),
+            subjects.kv_resyncs(me),
             subjects.HEARTBEATS_ALL,
             subjects.DISCONNECTS,
             f"{inbox_prefix(user)}.>",
@@ -144,6 +152,14 @@ def _scheduler(me: str, user: str) -> RolePermissions:
     )
 
 
+def _kvindex(me: str, user: str) -> RolePermissions:
+    """The KV index: hears every publisher's KV events and asks any of them to resend. It
+    makes no requests, so it needs no inbox, and sends nothing else."""
+    return RolePermissions(
+        publish=(subjects.kv_resyncs("*"),), subscribe=(subjects.KV_EVENTS_ALL,), responds=False
+    )
+
+
 def node_permissions(role: str, node_id: str, user: str = "") -> RolePermissions:
     """What the instance ``node_id`` of ``role`` may do, connected as ``user`` (default: the
     node id); ``node_id`` ``ANY`` gives the role-wide permissions of a role user."""
@@ -152,7 +168,7 @@ def node_permissions(role: str, node_id: str, user: str = "") -> RolePermissions
         return RolePermissions(publish=(), subscribe=(subjects.HEARTBEATS_ALL,), responds=False)
     if role in ("prefill", "decode"):
         return _node(role, node_id, user)
-    builders = {"tierd": _tierd, "gateway": _gateway, "scheduler": _scheduler}
+    builders = {"tierd": _tierd, "gateway": _gateway, "scheduler": _scheduler, KVINDEX: _kvindex}
     if role not in builders:
         raise ValueError(f"unknown role {role!r}")
     return builders[role](node_id, user)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crescent.certs import Authority
-from crescent.nats_config import render_config
+from crescent.nats_config import KVINDEX, render_config
 from crescent.secret_files import (
     PRIVATE_FILE,
     create_private,
@@ -158,22 +158,29 @@ class SecretPlan:
         return "\n".join([*lines[:at], f"tls: {block}", *lines[at:]]) + "\n"
 
 
+#: kvindex's client certificate (NATS asks every client for one); it serves no TLS itself.
+KVINDEX_CERT = CertSpec(KVINDEX, (KVINDEX,))
+
+
 def role_plan() -> SecretPlan:
-    """One NATS user per role (every replica of a role shares it)."""
-    return SecretPlan(tuple(subjects.ROLES))
+    """One NATS user per role (every replica of a role shares it), and kvindex's."""
+    return SecretPlan((*subjects.ROLES, KVINDEX))
 
 
 def compose_plan(slots: SlotSettings, host_id: str) -> SecretPlan:
-    """A NATS user per compose slot, and the host's tierd."""
-    nodes = compose_nodes(slots, host_id)
-    return SecretPlan(tuple(nodes), nodes, compose_specs(), compose_paths("nats"))
+    """A NATS user per compose slot, the host's tierd, and the stack's one kvindex (a slot of
+    its own, which its container claims like the others)."""
+    nodes = compose_nodes(slots, host_id) | {KVINDEX: KVINDEX}
+    certs = (*compose_specs(), KVINDEX_CERT)
+    return SecretPlan(tuple(nodes), nodes, certs, compose_paths("nats"))
 
 
 def k8s_plan(slots: SlotSettings, namespace: str = "crescent") -> SecretPlan:
     """A NATS user per StatefulSet pod; tierd, a DaemonSet whose pods are named after no
-    ordinal, keeps its role's user."""
+    ordinal, keeps its role's user, and so does kvindex, a Deployment of one pod."""
     nodes = pod_nodes(slots)
-    return SecretPlan((*nodes, "tierd"), nodes, k8s_specs(namespace), k8s_paths())
+    certs = (*k8s_specs(namespace), KVINDEX_CERT)
+    return SecretPlan((*nodes, "tierd", KVINDEX), nodes, certs, k8s_paths())
 
 
 def tls_secret_name(name: str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from tests.support.nats import NatsServer
 from tests.support.wait import DEFAULT_TIMEOUT_S, holds_within
@@ -24,6 +25,7 @@ NODES = {
     "decode-0": "decode",
     "decode-1": "decode",
     "tierd-host": "tierd",
+    "kvindex": "kvindex",
 }
 #: Who a test means by a role's name: that role's first instance.
 AS_ROLE = {role: next(n for n, r in NODES.items() if r == role) for role in set(NODES.values())}
@@ -90,3 +92,24 @@ async def received(
 ) -> bool:
     """Whether ``count`` messages arrived within ``timeout_s`` (short where none should)."""
     return await holds_within(lambda: len(messages) >= count, timeout_s)
+
+
+async def deliver(
+    server: NatsServer, sender: str, receiver: str, subject: str, allowed: bool
+) -> tuple[bool, bool]:
+    """Publishes once on ``subject`` as ``sender`` while ``receiver`` listens there: whether
+    it arrived, and whether the server refused it. The slow wait is on the expected outcome."""
+    async with connect(server, receiver) as listener, connect(server, sender) as talker:
+        arrived: list[str] = []
+
+        async def on_message(msg: Msg) -> None:
+            arrived.append(msg.subject)
+
+        await listener.nc.subscribe(subject, cb=on_message)
+        await listener.sync()
+        assert not listener.errors, f"{receiver} may not listen on {subject}"
+        await talker.nc.publish(subject, b"{}")
+        # Long where the event should come (a busy host is slow), short where it should not.
+        got = await received(arrived, timeout_s=DEFAULT_TIMEOUT_S if allowed else 0.3)
+        refused = await talker.refused(subject, timeout_s=0.3 if allowed else DEFAULT_TIMEOUT_S)
+        return got, refused

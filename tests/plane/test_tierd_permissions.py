@@ -8,35 +8,12 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from nats.aio.msg import Msg
 
 from shared import subjects
-from tests.plane.conftest import connect, received
+from tests.plane.conftest import connect, deliver
 from tests.support.nats import NatsServer
-from tests.support.wait import DEFAULT_TIMEOUT_S
 
 NODES = ("prefill", "decode")
-
-
-async def deliver(
-    server: NatsServer, sender: str, receiver: str, subject: str, allowed: bool
-) -> tuple[bool, bool]:
-    """Publishes once on ``subject`` as ``sender`` while ``receiver`` listens there: whether
-    it arrived, and whether the server refused it. The slow wait is on the expected outcome."""
-    async with connect(server, receiver) as listener, connect(server, sender) as talker:
-        arrived: list[str] = []
-
-        async def on_message(msg: Msg) -> None:
-            arrived.append(msg.subject)
-
-        await listener.nc.subscribe(subject, cb=on_message)
-        await listener.sync()
-        assert not listener.errors, f"{receiver} may not listen on {subject}"
-        await talker.nc.publish(subject, b"{}")
-        # Long where the event should come (a busy host is slow), short where it should not.
-        got = await received(arrived, timeout_s=DEFAULT_TIMEOUT_S if allowed else 0.3)
-        refused = await talker.refused(subject, timeout_s=0.3 if allowed else DEFAULT_TIMEOUT_S)
-        return got, refused
 
 
 # (sender, receiver, subject): messages that must get through

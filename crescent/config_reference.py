@@ -49,6 +49,7 @@ def _sections() -> list[tuple[str, type[ServiceSettings], tuple[type[ServiceSett
     from services.cachemeta.config import CacheMetaSettings
     from services.decode.config import DecodeSettings
     from services.gateway.config import GatewaySettings
+    from services.kvindex.config import KvIndexSettings, RelaySettings
     from services.prefill.config import PrefillSettings
     from services.scheduler.config import SchedulerSettings
     from services.tierd.config import TierdSettings
@@ -66,6 +67,8 @@ def _sections() -> list[tuple[str, type[ServiceSettings], tuple[type[ServiceSett
         ("decode nodes only", DecodeSettings, (NodeSettings,)),
         ("cachemeta", CacheMetaSettings, ()),
         ("tierd", TierdSettings, ()),
+        ("kvindex", KvIndexSettings, ()),
+        ("kvindex relay (`python -m services.kvindex.relay`)", RelaySettings, (KvIndexSettings,)),
         ("`crescent secrets` (compose and Kubernetes slots)", SlotSettings, ()),
     ]
 

@@ -1,6 +1,6 @@
-"""``crescent up``: the whole stack on this machine — NATS, cachemeta, tierd, scheduler, prefill
-and decode nodes, the gateway, and an S3 server where asked — as child processes, until Ctrl-C
-or SIGTERM."""
+"""``crescent up``: the whole stack on this machine — NATS, cachemeta, kvindex, tierd, scheduler,
+prefill and decode nodes, the gateway, and an S3 server where asked — as child processes, until
+Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from crescent import up_secrets, up_tierd
+from crescent import up_kvindex, up_secrets, up_tierd
 from crescent.cli_settings import CliSettings
 from crescent.nats_config import TOOLS, NatsAuthFiles, write_nats_auth
 from crescent.processes import Child, spawn, stop_all, supervise
@@ -22,7 +22,7 @@ from crescent.up_describe import announce, api_base, describe
 from crescent.up_lock import DataLock, FolderBusy, default_data_dir
 from crescent.up_port import PortTaken, check_free
 from crescent.up_progress import StartupProgress
-from crescent.up_ready import NotReady, wait_gateway, wait_nodes
+from crescent.up_ready import NotReady, wait_gateway, wait_healthy, wait_nodes
 from crescent.up_stop import Stopped, StopSignals
 from shared.service_settings import child_environment
 
@@ -95,8 +95,8 @@ def _run_stack(
     children: list[Child] = []
     stopped = False
     try:
-        model_name = _start(args, data_dir, children, signals, progress)
-        announce(api_base(args.host, args.port), data_dir, model_name)
+        model_name, kvindex = _start(args, data_dir, children, signals, progress)
+        announce(api_base(args.host, args.port), data_dir, model_name, kvindex)
         return supervise(children, signals.flag, restart=args.restart == "always")
     except (_Abort, NotReady, S3ServerError) as exc:
         sys.stderr.write(f"crescent up: {exc}\n")
@@ -118,18 +118,24 @@ def _start(
     children: list[Child],
     signals: StopSignals,
     progress: StartupProgress,
-) -> str:
+) -> tuple[str, str]:
     """Starts the stack's processes into ``children`` (in stop order) and waits until it
-    serves; returns the name clients use for the model. ``Stopped`` at a stop asked for."""
+    serves; returns the name clients use for the model and where the KV index answers.
+    ``Stopped`` at a stop asked for."""
     # Marks every process of this stack, so operators (and tests) can find them all.
     env = child_environment({"CRESCENT_UP_ID": uuid.uuid4().hex})
     if args.model:
         env["CRESCENT_MODEL"] = str(Path(args.model).expanduser().resolve())
+    _taken.add(args.port)
+    kv_place = up_kvindex.place(env, _free_port)  # a port taken: refused before any start
     # First, so a model Crescent cannot serve is refused before anything starts.
     with progress.step("model checked"), signals.interruptible():
         model_name = _prepare_model(env.get("CRESCENT_MODEL"))
-    _taken.add(args.port)
     roles, watcher, metrics = _start_backbone(args, data_dir, env, children, signals, progress)
+    metrics[up_kvindex.NAME] = kv_ops = _free_port()
+    kv_env = roles.get(up_kvindex.NAME, {})
+    kvindex = up_kvindex.start(env, kv_env, data_dir / "logs", kv_place, kv_ops)
+    children.insert(0, kvindex)  # it stops after the nodes, whose last events it may hear
     metrics["tierd"] = tierd_metrics = _free_port()
     tierd_env = roles.get("tierd", {}) | roles.get(up_tierd.node_id(env), {})
     tierd = up_tierd.start_tierd(env, tierd_env, data_dir / "logs", tierd_metrics)
@@ -144,8 +150,10 @@ def _start(
     api = api_base(args.host, args.port)
     with progress.step("gateway ready"):
         wait_gateway(api, children, signals)
-    describe(data_dir, api, env, roles.get("tierd", {}), metrics)
-    return model_name
+    with progress.step("KV index ready"):
+        wait_healthy(f"http://127.0.0.1:{kv_ops}/healthz", "kvindex", children, signals)
+    describe(data_dir, api, env, roles.get("tierd", {}), metrics, kv_place.url)
+    return model_name, up_kvindex.summary(kv_place, kvindex.env)
 
 
 def _start_backbone(
@@ -183,7 +191,7 @@ def _start_backbone(
     metrics: dict[str, int] = {}  # child name -> port of its /metrics and /healthz
     if not env.get("CRESCENT_CACHEMETA_URL"):
         token = up_secrets.cachemeta_token(env, secrets)
-        up_secrets.merge(roles, token, *up_secrets.CACHEMETA_CALLERS)
+        up_secrets.merge(roles, token, *up_secrets.TOKEN_HOLDERS)
         metrics["cachemeta"] = _free_port()
         with progress.step("catalogue (cachemeta)"):
             cachemeta, target = _start_cachemeta(

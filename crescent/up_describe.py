@@ -25,11 +25,12 @@ def describe(
     env: dict[str, str],
     tierd_env: dict[str, str],
     metrics: dict[str, int],
+    kvindex: str,
 ) -> None:
     """Writes where the stack's parts listen to ``stack.json`` in the data dir (the NATS
     password of the ``tools`` user is in ``secrets/nats-tools.password`` when this stack runs
     its own NATS). ``metrics`` maps each child to the port of its ``/metrics``; the gateway's
-    is on the API's port (``api``)."""
+    is on the API's port (``api``). ``kvindex``: the base URL of the KV index's queries."""
     scrape = {"gateway": f"{api}/metrics"}
     scrape |= {name: f"http://127.0.0.1:{port}/metrics" for name, port in metrics.items()}
     where = {
@@ -43,15 +44,18 @@ def describe(
         "s3_endpoint": (env | tierd_env).get("CRESCENT_S3_ENDPOINT", ""),
         "tierd_id": up_tierd.node_id(env),
         "tierd_metrics": scrape["tierd"],
+        "kvindex": kvindex,
         "metrics": scrape,
     }
     (data_dir / "stack.json").write_text(json.dumps(where, indent=2) + "\n")
 
 
-def announce(api: str, data_dir: Path, model_name: str) -> None:
-    """The lines that say the stack serves, with a request to try."""
+def announce(api: str, data_dir: Path, model_name: str, kvindex: str) -> None:
+    """The lines that say the stack serves, with a request to try; ``kvindex`` says where the
+    KV index answers (``crescent.up_kvindex.summary``)."""
     print(f"Crescent is serving the OpenAI API at {api}/v1")
     print(f"  logs: {data_dir / 'logs'}")
+    print(f"  KV index: {kvindex}")
     print(f"  links: {tls_summary(TlsSettings())}")
     hi = [{"role": "user", "content": "Hi!"}]
     body = json.dumps({"model": model_name, "messages": hi, "temperature": 0, "max_tokens": 64})

@@ -14,11 +14,13 @@ _CLOSE = "07"  # bound, not listening, not connected
 
 
 class PortTaken(Exception):
-    """The gateway could not listen where it was asked to; the message says why and who."""
+    """A server of the stack could not listen where it was asked to; the message says why and
+    who."""
 
 
-def check_free(host: str, port: int) -> None:
-    """Raises ``PortTaken`` unless a server could listen on ``host:port`` now."""
+def check_free(host: str, port: int, remedy: str = "pass another --port") -> None:
+    """Raises ``PortTaken`` unless a server could listen on ``host:port`` now; its message ends
+    with ``remedy`` where another port would do."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -31,12 +33,12 @@ def check_free(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as exc:
-            raise PortTaken(_why(host, port, exc)) from None
+            raise PortTaken(_why(host, port, exc, remedy)) from None
 
 
-def _why(host: str, port: int, exc: OSError) -> str:
+def _why(host: str, port: int, exc: OSError, remedy: str) -> str:
     if exc.errno == errno.EACCES:
-        return f"port {port} needs privileges this user lacks; pass --port with a port above 1023"
+        return f"port {port} is below 1024 and needs privileges this user lacks; {remedy}"
     if exc.errno != errno.EADDRINUSE:
         return f"cannot listen on {host}:{port}: {exc.strerror}"
     pids = holders(port)
@@ -44,7 +46,7 @@ def _why(host: str, port: int, exc: OSError) -> str:
         who = "a process /proc does not name (another user's, or a socket bound but not listening)"
     else:
         who = ", ".join(f"pid {pid} ({_command(pid)})" for pid in pids[:3])
-    return f"port {port} is taken by {who}; stop it or pass another --port"
+    return f"port {port} is taken by {who}; stop it or {remedy}"
 
 
 def holders(port: int) -> list[int]:

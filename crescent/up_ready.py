@@ -1,6 +1,6 @@
 """The last waits of `crescent up`'s start: every node's first heartbeat, then the gateway's
-``/health``. Each gives up at a stop asked for (``Stopped``), at a child that exits, or at its
-deadline (``NotReady``)."""
+``/health`` and kvindex's ``/healthz``. Each gives up at a stop asked for (``Stopped``), at a
+child that exits, or at its deadline (``NotReady``)."""
 
 from __future__ import annotations
 
@@ -36,18 +36,29 @@ def wait_nodes(
 
 def wait_gateway(base_url: str, children: list[Child], signals: StopSignals) -> None:
     """Returns once the gateway's ``/health`` answers 200."""
-    deadline = time.monotonic() + GATEWAY_TIMEOUT_S
+    wait_healthy(f"{base_url}/health", "the gateway", children, signals)
+
+
+def wait_healthy(
+    url: str,
+    what: str,
+    children: list[Child],
+    signals: StopSignals,
+    timeout_s: float = GATEWAY_TIMEOUT_S,
+) -> None:
+    """Returns once ``url`` (a health endpoint of ``what``) answers 200."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not signals.requested:
         check_alive(children)
         try:
-            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
+            with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
                     return
         except OSError:
             pass
         time.sleep(0.2)
     signals.check()
-    raise NotReady("the gateway did not become healthy")
+    raise NotReady(f"{what} did not become healthy")
 
 
 async def _await_heartbeats(

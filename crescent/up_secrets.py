@@ -8,12 +8,15 @@ from pathlib import Path
 
 from crescent.nats_config import TOOLS, NatsAuthFiles
 from crescent.secret_files import new_secret, persistent_secret, private_dir, write_private
+from crescent.up_kvindex import NAME as KVINDEX
 from crescent.up_tierd import node_id as tierd_id
 
 #: The stack's one gateway.
 GATEWAY_ID = "gateway-0"
 #: Roles that call cachemeta, and so get its token.
 CACHEMETA_CALLERS = ("scheduler", "prefill", "decode", "tierd")
+#: Who holds the catalogue's token: cachemeta's callers, and kvindex, which asks it of its own.
+TOKEN_HOLDERS = (*CACHEMETA_CALLERS, KVINDEX)
 #: Credentials for some other NATS server, which a NATS of our own must not inherit.
 _NATS_CREDENTIALS = (
     "CRESCENT_NATS_USER",
@@ -44,6 +47,7 @@ def stack_nodes(env: dict[str, str], schedulers: int, prefill: int, decode: int)
     nodes |= {f"prefill-{i}": "prefill" for i in range(prefill)}
     nodes |= {f"decode-{i}": "decode" for i in range(decode)}
     nodes[tierd_id(env)] = "tierd"
+    nodes[KVINDEX] = KVINDEX
     return nodes
 
 

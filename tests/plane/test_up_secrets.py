@@ -67,7 +67,8 @@ def test_the_embedded_nats_takes_only_its_users(tmp_path: Path) -> None:
         identities = up_secrets.nats_identities(env, auth)
         assert "CRESCENT_NATS_PASSWORD" not in env and "CRESCENT_NATS_USER" not in env
         assert set(identities) == {
-            "gateway-0", "scheduler-0", "prefill-0", "prefill-1", "decode-0", "tierd-h1"
+            "gateway-0", "scheduler-0", "prefill-0", "prefill-1", "decode-0", "tierd-h1",
+            "kvindex",
         }  # fmt: skip
         for user, identity in identities.items():
             path = Path(identity["CRESCENT_NATS_PASSWORD_FILE"])

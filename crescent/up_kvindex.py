@@ -1,0 +1,82 @@
+"""kvindex in ``crescent up``: the stack's one KV index, which folds the KV events its nodes and
+tierd publish and answers prefix queries (``POST /v1/kv/query``) over HTTP.
+
+Its port is ``CRESCENT_KVINDEX_PORT`` when set (0: any free port), refused before anything
+starts when taken. Unset, it is 8091 when free, else a free port: a second stack on the same
+machine must not fail for want of a port that only tools query. Where it landed is in
+``stack.json`` and in the lines that say the stack serves. Callers present the catalogue's
+token, the stack's ``secrets/cachemeta.token`` unless the environment names another.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from crescent.processes import Child, spawn
+from crescent.up_port import PortTaken, check_free
+
+NAME = "kvindex"
+DEFAULT_PORT = 8091
+_REMEDY = "set CRESCENT_KVINDEX_PORT to another port (0: any free one)"
+
+
+@dataclass(frozen=True, slots=True)
+class KvIndexPlace:
+    """Where the stack's kvindex answers queries. Invariant: ``port`` is a real port, not 0."""
+
+    host: str
+    port: int
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {"CRESCENT_KVINDEX_HOST": self.host, "CRESCENT_KVINDEX_PORT": str(self.port)}
+
+
+def place(
+    env: Mapping[str, str], free_port: Callable[[], int], default: int = DEFAULT_PORT
+) -> KvIndexPlace:
+    """Where kvindex will listen, from the stack's environment ``env``; ``free_port`` gives a
+    port no other child of the stack was given. ``PortTaken`` when the configured one is."""
+    host = env.get("CRESCENT_KVINDEX_HOST") or "127.0.0.1"
+    configured = env.get("CRESCENT_KVINDEX_PORT", "").strip()
+    if not configured:
+        try:
+            check_free(host, default, _REMEDY)
+        except PortTaken:
+            return KvIndexPlace(host, free_port())
+        return KvIndexPlace(host, default)
+    if not configured.isdigit() or int(configured) > 65535:
+        raise PortTaken(f"CRESCENT_KVINDEX_PORT={configured!r} is not a port")
+    if int(configured) == 0:
+        return KvIndexPlace(host, free_port())
+    check_free(host, int(configured), _REMEDY)
+    return KvIndexPlace(host, int(configured))
+
+
+def start(
+    env: dict[str, str], role_env: dict[str, str], log_dir: Path, where: KvIndexPlace, ops: int
+) -> Child:
+    """kvindex as the child ``kvindex``, with its NATS user and the catalogue's token (both in
+    ``role_env``), listening at ``where``, its ``/healthz`` and ``/metrics`` on port ``ops``."""
+    argv = [sys.executable, "-m", "services.kvindex"]
+    own = where.env() | {"CRESCENT_NODE_ID": NAME, "CRESCENT_METRICS_PORT": str(ops)}
+    return spawn(NAME, argv, env | role_env | own, log_dir)
+
+
+def summary(where: KvIndexPlace, child_env: Mapping[str, str]) -> str:
+    """Where kvindex answers and which token it asks for (never the token itself), from the
+    environment it was started with."""
+    query = f"{where.url}/v1/kv/query"
+    token_file = child_env.get("CRESCENT_CACHEMETA_TOKEN_FILE")
+    if token_file:
+        return f"{query} (Authorization: Bearer <the token in {token_file}>)"
+    if child_env.get("CRESCENT_CACHEMETA_TOKEN"):
+        return f"{query} (Authorization: Bearer <CRESCENT_CACHEMETA_TOKEN>)"
+    return f"{query} (no token: development mode)"

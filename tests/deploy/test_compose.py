@@ -17,10 +17,12 @@ from crescent.nats_config import KVINDEX, render_config
 from crescent.secrets_init import NATS_HTTP, NATS_LISTEN, nats_password_key
 from crescent.slots import SlotSettings, compose_nodes
 from services.cachemeta.config import CacheMetaSettings
+from services.kvindex.config import KvIndexSettings
 from services.scheduler.config import SchedulerSettings
 from shared.bus import tls_options
 from shared.node.settings import NodeSettings
 from shared.secrets import MIN_SECRET_CHARS, is_placeholder
+from shared.service_settings import ServiceSettings
 from tests.deploy.generated import (
     SECRETS_DIR,
     generate,
@@ -34,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCALED = ("scheduler", "prefill", "decode")
 SLOTS_DIR = "/var/lib/crescent/slots"
-ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd")
+#: Every service that speaks NATS, each as the node of a slot it claims.
+ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd", "kvindex")
 
 
 def compose_binary() -> Path:
@@ -90,7 +93,7 @@ def test_every_service_has_a_health_check_and_the_nodes_can_scale() -> None:
 
 def test_services_start_only_after_nats_is_healthy_and_the_secrets_exist() -> None:
     services = rendered()["services"]
-    for name in ("gateway", "scheduler", "prefill", "decode", "tierd"):
+    for name in ROLES:
         assert services[name]["depends_on"]["nats"]["condition"] == "service_healthy", name
     for name in set(services) - {"secrets-init", "prometheus", "grafana"}:
         condition = services[name]["depends_on"]["secrets-init"]["condition"]
@@ -147,7 +150,8 @@ def test_each_replica_claims_a_slot_of_its_role_in_the_shared_locks_volume() -> 
 def test_cachemeta_and_its_callers_share_a_token_file_the_gateway_lacks() -> None:
     services = rendered()["services"]
     token_file = f"{SECRETS_DIR}/cachemeta-token"
-    for name in ("cachemeta", "scheduler", "prefill", "decode", "tierd"):
+    # kvindex asks its callers for the same token.
+    for name in ("cachemeta", "scheduler", "prefill", "decode", "tierd", "kvindex"):
         assert services[name]["environment"]["CRESCENT_CACHEMETA_TOKEN_FILE"] == token_file
     assert not any("CACHEMETA_TOKEN" in k for k in services["gateway"]["environment"])
 
@@ -158,7 +162,12 @@ def test_the_generated_secrets_pass_the_production_checks(
     services = rendered()["services"]
     folder = generate(tmp_path / "secrets")
     monkeypatch.setenv("CRESCENT_DEV_MODE", "false")
-    for name, settings in (("cachemeta", CacheMetaSettings), ("scheduler", SchedulerSettings)):
+    checked: tuple[tuple[str, type[ServiceSettings]], ...] = (
+        ("cachemeta", CacheMetaSettings),
+        ("scheduler", SchedulerSettings),
+        ("kvindex", KvIndexSettings),
+    )
+    for name, settings in checked:
         for key, value in service_env(services[name], folder).items():
             monkeypatch.setenv(key, value)
         settings()

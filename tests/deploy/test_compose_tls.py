@@ -19,7 +19,7 @@ from tests.deploy.generated import SECRETS_DIR, generate, localized, service_env
 from tests.deploy.handshake import PEER_ADDRESS, dial, handshake, nats_server_tls
 from tests.deploy.test_compose import rendered
 
-NATS_CLIENTS = ("gateway", "scheduler", "prefill", "decode", "tierd")
+NATS_CLIENTS = ("gateway", "scheduler", "prefill", "decode", "tierd", "kvindex")
 CACHEMETA_CLIENTS = ("scheduler", "prefill", "decode", "tierd")
 PULL_SERVERS = ("prefill", "decode", "tierd")
 

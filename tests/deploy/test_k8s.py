@@ -138,7 +138,7 @@ def test_probes_hit_the_endpoints_each_service_serves() -> None:
     gateway = container(workloads()["crescent-gateway"])
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/livez"
-    for name in ("scheduler", "cachemeta", "prefill", "decode", "tierd"):
+    for name in ("scheduler", "cachemeta", "prefill", "decode", "tierd", "kvindex"):
         c = container(workloads()[f"crescent-{name}"])
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["metrics"] == 9100, name
@@ -238,7 +238,25 @@ def test_nats_runs_the_generated_configuration_for_every_pod() -> None:
     assert not any("PASSWORD" in name for name in env_of(nats_pod))
     assert "ConfigMap" not in {d["kind"] for p, d in manifests() if p.name == "nats.yaml"}
     config = generated_secrets()[NATS_SECRET]
+    for user in ("tierd", "kvindex"):  # a role's user, for pods named after no ordinal
+        assert f'user: "{user}"' in config[NATS_CONFIG_KEY]
     for role in SLOTTED:
         replicas = by_kind("StatefulSet")[f"crescent-{role}"]["spec"]["replicas"]
         for ordinal in range(replicas):
             assert f'user: "crescent-{role}-{ordinal}"' in config[NATS_CONFIG_KEY]
+
+
+def test_kvindex_runs_as_its_user_and_answers_on_its_port() -> None:
+    workload = by_kind("Deployment")["crescent-kvindex"]
+    assert workload["spec"]["replicas"] == 1
+    env = pod_env(workload, "crescent-kvindex-5d9f7-x2k4q")
+    assert env["CRESCENT_NATS_USER"] == env["CRESCENT_NODE_ID"] == "kvindex"
+    assert env["CRESCENT_NATS_PASSWORD_FILE"] == f"{IDENTITY_DIR}/kvindex"
+    assert "kvindex" in generated_secrets()[role_secret_name("kvindex")]
+    ports = {p["name"]: p["containerPort"] for p in container(workload)["ports"]}
+    assert ports["query"] == int(env["CRESCENT_KVINDEX_PORT"]) == 8091
+    service = by_kind("Service")["kvindex"]
+    assert {p["port"] for p in service["spec"]["ports"]} == {8091, 9100}
+    assert env_of(workload)["CRESCENT_CACHEMETA_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == (
+        "cachemeta-token"
+    )

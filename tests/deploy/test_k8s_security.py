@@ -21,7 +21,7 @@ from tests.deploy.test_k8s import (
 )
 
 OUTSIDE = "outside"  # a client outside the namespace (a user, an ingress controller)
-ROLES = ("gateway", "scheduler", "cachemeta", "prefill", "decode", "tierd")
+ROLES = ("gateway", "scheduler", "cachemeta", "prefill", "decode", "tierd", "kvindex")
 
 
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
@@ -167,6 +167,7 @@ def reaches(source: str, target: str, port: int) -> bool:
 ALLOWED = [
     (OUTSIDE, "gateway", 8000),
     *((role, "nats", 4222) for role in ("gateway", "scheduler", "prefill", "decode", "tierd")),
+    ("kvindex", "nats", 4222),
     *((role, "cachemeta", 50051) for role in ("scheduler", "prefill", "decode", "tierd")),
     ("cachemeta", "postgres", 5432),
     ("tierd", "s3", 8333),
@@ -193,6 +194,15 @@ DENIED = [
     (OUTSIDE, "postgres", 5432),
     (OUTSIDE, "s3", 8333),
     (OUTSIDE, "gateway", 9000),
+    # kvindex reaches NATS alone; its queries come from the namespace, not from outside.
+    ("kvindex", "cachemeta", 50051),
+    ("kvindex", "postgres", 5432),
+    ("kvindex", "s3", 8333),
+    ("kvindex", "prefill", 40123),
+    ("kvindex", "gateway", 8000),
+    ("prefill", "kvindex", 40123),
+    (OUTSIDE, "kvindex", 8091),
+    (OUTSIDE, "kvindex", 9000),
 ]
 
 
@@ -210,3 +220,11 @@ def test_everything_is_denied_unless_a_policy_allows_it() -> None:
     deny = by_kind("NetworkPolicy")["default-deny"]["spec"]
     assert deny["podSelector"] == {} and set(deny["policyTypes"]) == {"Ingress", "Egress"}
     assert "ingress" not in deny and "egress" not in deny
+
+
+def test_kvindex_takes_queries_from_the_namespaces_pods_only() -> None:
+    kvindex, caller = labels_of("kvindex"), labels_of("gateway")
+    assert kvindex is not None
+    assert _allowed("ingress", kvindex, caller, 8091)
+    assert not _allowed("ingress", kvindex, labels_of(OUTSIDE), 8091)
+    assert not _allowed("ingress", kvindex, caller, 4222)

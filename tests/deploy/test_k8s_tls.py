@@ -28,10 +28,11 @@ ROLES = {
     "prefill": "crescent-prefill",
     "decode": "crescent-decode",
     "tierd": "crescent-tierd",
+    "kvindex": "crescent-kvindex",
     "nats": "nats",
     "s3": "s3",
 }
-NATS_CLIENTS = ("gateway", "scheduler", "prefill", "decode", "tierd")
+NATS_CLIENTS = ("gateway", "scheduler", "prefill", "decode", "tierd", "kvindex")
 CACHEMETA_CLIENTS = ("scheduler", "prefill", "decode", "tierd")
 PULL_SERVERS = ("prefill", "decode", "tierd")
 

@@ -18,7 +18,9 @@ from tests.deploy.test_images import instructions
 
 CREDENTIAL = re.compile(r"(PASSWORD|TOKEN|SECRET|SECRET_KEY|ACCESS_KEY|DB_URL|API_KEYS?)$")
 UID = "10001"
-CRESCENT = ("secrets-init", "gateway", "cachemeta", "scheduler", "prefill", "decode", "tierd")
+CRESCENT = (
+    "secrets-init", "gateway", "cachemeta", "scheduler", "prefill", "decode", "tierd", "kvindex"
+)  # fmt: skip
 LOCKED = (*CRESCENT, "nats")
 #: Markers of stand-in values, as every earlier version of these files wrote them.
 MARKERS = ("change-me", "changeme", "replace-me", "trial-")

@@ -132,7 +132,7 @@ def _start(
     with progress.step("model checked"), signals.interruptible():
         model_name = _prepare_model(env.get("CRESCENT_MODEL"))
     roles, watcher, metrics = _start_backbone(args, data_dir, env, children, signals, progress)
-    metrics[up_kvindex.NAME] = kv_ops = _free_port()
+    kv_ops = _free_port()
     kv_env = roles.get(up_kvindex.NAME, {})
     kvindex = up_kvindex.start(env, kv_env, data_dir / "logs", kv_place, kv_ops)
     children.insert(0, kvindex)  # it stops after the nodes, whose last events it may hear
@@ -152,7 +152,7 @@ def _start(
         wait_gateway(api, children, signals)
     with progress.step("KV index ready"):
         wait_healthy(f"http://127.0.0.1:{kv_ops}/healthz", "kvindex", children, signals)
-    describe(data_dir, api, env, roles.get("tierd", {}), metrics, kv_place.url)
+    describe(data_dir, api, env, roles.get("tierd", {}), metrics, kv_place.where(kv_ops))
     return model_name, up_kvindex.summary(kv_place, kvindex.env)
 
 

@@ -25,12 +25,13 @@ def describe(
     env: dict[str, str],
     tierd_env: dict[str, str],
     metrics: dict[str, int],
-    kvindex: str,
+    kvindex: dict[str, str],
 ) -> None:
     """Writes where the stack's parts listen to ``stack.json`` in the data dir (the NATS
     password of the ``tools`` user is in ``secrets/nats-tools.password`` when this stack runs
     its own NATS). ``metrics`` maps each child to the port of its ``/metrics``; the gateway's
-    is on the API's port (``api``). ``kvindex``: the base URL of the KV index's queries."""
+    is on the API's port (``api``). ``kvindex``: where the KV index answers and serves its own
+    ``/metrics`` (``crescent.up_kvindex``)."""
     scrape = {"gateway": f"{api}/metrics"}
     scrape |= {name: f"http://127.0.0.1:{port}/metrics" for name, port in metrics.items()}
     where = {
@@ -44,9 +45,8 @@ def describe(
         "s3_endpoint": (env | tierd_env).get("CRESCENT_S3_ENDPOINT", ""),
         "tierd_id": up_tierd.node_id(env),
         "tierd_metrics": scrape["tierd"],
-        "kvindex": kvindex,
         "metrics": scrape,
-    }
+    } | kvindex
     (data_dir / "stack.json").write_text(json.dumps(where, indent=2) + "\n")
 
 

@@ -38,6 +38,11 @@ class KvIndexPlace:
     def env(self) -> dict[str, str]:
         return {"CRESCENT_KVINDEX_HOST": self.host, "CRESCENT_KVINDEX_PORT": str(self.port)}
 
+    def where(self, ops: int) -> dict[str, str]:
+        """What ``stack.json`` says of kvindex: its queries' base URL and its ``/metrics``
+        (on the ops port ``ops``)."""
+        return {"kvindex": self.url, "kvindex_metrics": f"http://127.0.0.1:{ops}/metrics"}
+
 
 def place(
     env: Mapping[str, str], free_port: Callable[[], int], default: int = DEFAULT_PORT

@@ -63,6 +63,10 @@ def test_the_children_environment_names_the_place_and_the_summary_the_token() ->
     where = KvIndexPlace("::1", 8091)
     assert where.url == "http://[::1]:8091"
     assert where.env() == {"CRESCENT_KVINDEX_HOST": "::1", "CRESCENT_KVINDEX_PORT": "8091"}
+    assert where.where(9123) == {
+        "kvindex": "http://[::1]:8091",
+        "kvindex_metrics": "http://127.0.0.1:9123/metrics",
+    }
     by_file = summary(where, {"CRESCENT_CACHEMETA_TOKEN_FILE": "/data/secrets/cachemeta.token"})
     assert by_file.startswith("http://[::1]:8091/v1/kv/query ")
     assert "/data/secrets/cachemeta.token" in by_file

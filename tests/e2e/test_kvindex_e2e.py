@@ -118,6 +118,8 @@ def test_kvindex_finds_the_served_prompt_in_the_dram_of_the_node_that_computed_i
         assert bob["instances"] == {}, bob
         stranger = httpx.post(f"{where(stack)['kvindex']}/v1/kv/query", json=query)
         assert stranger.status_code == 401
+    metrics = httpx.get(where(stack)["kvindex_metrics"], timeout=10).text
+    assert 'crescent_kvindex_frames_total{outcome="folded"}' in metrics
     assert violations(stack.data_dir / "logs") == {}
 
 

@@ -201,7 +201,11 @@ def _finish(
     slo_s = None if terms.resumed else terms.ttft_slo_s
     # The objective is checked against the prediction as the node's measured misses stretch it.
     expected_s = chosen.ttft_s * view.calibration.scale(chosen.node_id)
-    if slo_s is not None and expected_s > slo_s:
+    # The objective refuses waiting, not compute: a request its prefill node would start at
+    # once is let in whatever its compute is predicted to take. Refusing it could not make it
+    # sooner, and a step fit that overestimates (a cold first step, a busy spell of the host)
+    # would refuse every request and so never see the step that corrects it.
+    if slo_s is not None and expected_s > slo_s and chosen.wait_s > 0:
         reason = (
             f"The predicted time to first token ({expected_s:.2f} s) exceeds the service "
             f"objective of {slo_s:.2f} s; the servers are overloaded, retry later."

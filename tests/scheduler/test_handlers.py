@@ -353,11 +353,12 @@ def test_the_heartbeat_reports_the_ttft_floor_and_overload_lookups_are_bounded()
     async def scenario() -> None:
         index = FakeCacheMeta([PrefixHolder("A", "dram", 62)], delay_s=0.5)
         async with scheduler(index, ttft_slo_ms=300) as h:
-            await h.nodes(beat("A", "prefill"), beat("D", "decode"))
+            # A short queue: an idle node would let in any request (its floor is 0).
+            await h.nodes(beat("A", "prefill", queued_tokens=32), beat("D", "decode"))
             handlers = h.service.handlers
             assert handlers is not None
             floor = handlers.ttft_floor()
-            assert 0 < floor < 0.3  # one token on an idle node
+            assert 0 < floor < 0.3  # one token behind the short queue
             status = await h.service._status()
             assert status.ttft_slo_s == 0.3 and status.ttft_floor_s == floor
             # 2,000 fresh tokens miss 300 ms, all but the last cached do not: only the cache

@@ -30,18 +30,32 @@ def test_an_overload_no_cache_could_save_is_hopeless() -> None:
 
 
 def test_only_a_request_that_needs_the_cache_gets_a_bounded_lookup() -> None:
-    # 2,000 tokens computed take about 2 s: only a cached prefix lets them meet 1 s.
-    tight = placer(0, slo_s=1.0)
+    # Behind 100 queued tokens, 2,000 computed take over 2 s: only a cached prefix lets them
+    # meet 1 s.
+    tight = placer(100, slo_s=1.0)
     assert tight.lookup_budget(PlacementQuery(LONG), NOW) == OVERLOAD_LOOKUP_S
     assert tight.lookup_budget(PlacementQuery(LONG, resumed=True), NOW) is None
-    assert placer(0, slo_s=5.0).lookup_budget(PlacementQuery(LONG), NOW) is None
-    assert placer(0).lookup_budget(PlacementQuery(LONG), NOW) is None  # no objective
+    assert placer(100, slo_s=5.0).lookup_budget(PlacementQuery(LONG), NOW) is None
+    assert placer(100).lookup_budget(PlacementQuery(LONG), NOW) is None  # no objective
+    # An idle node starts it at once, so it is let in whatever the catalogue answers.
+    assert placer(0, slo_s=1.0).lookup_budget(PlacementQuery(LONG), NOW) is None
 
 
-def test_the_ttft_floor_is_one_cached_token_on_the_best_node() -> None:
+def test_a_request_an_idle_node_would_start_at_once_is_let_in_past_the_objective() -> None:
+    # 2,000 tokens computed take about 2 s, over the 1 s objective: refusing could not make
+    # them sooner, and a fit that overestimates would otherwise never be corrected.
+    idle = placer(0, slo_s=1.0).decide(PlacementQuery(LONG, slo_s=1.0), [], (), NOW)
+    assert isinstance(idle, Placement) and idle.predicted_ttft_s > 1.0
+    queued = placer(100, slo_s=1.0).decide(PlacementQuery(LONG, slo_s=1.0), [], (), NOW)
+    assert not isinstance(queued, Placement) and queued.cause == "ttft_slo"
+
+
+def test_the_ttft_floor_is_one_cached_token_on_the_least_queued_node() -> None:
     assert placer(0).ttft_floor(NOW) == 0.0  # no objective: nothing to compare it with
-    floor = placer(5000, 0, slo_s=1.0).ttft_floor(NOW)
-    assert 0 < floor < 0.1  # the idle node: one token's step
+    floor = placer(5000, 200, slo_s=1.0).ttft_floor(NOW)
+    assert 0 < floor < placer(5000, 400, slo_s=1.0).ttft_floor(NOW)  # the shorter queue
+    # A node that would start a request at once lets any in: nothing to refuse on.
+    assert placer(5000, 0, slo_s=1.0).ttft_floor(NOW) == 0.0
     assert placer(slo_s=1.0).ttft_floor(NOW) == 0.0  # no prefill node at all
 
 

@@ -118,8 +118,9 @@ def test_an_error_code_in_a_refusal_ends_the_offers_at_once() -> None:
 
 
 def test_an_objective_the_policy_cannot_meet_refuses_before_any_offer() -> None:
-    view_offers = offers(1)
-    tight = Offers(view_offers.placer, PlacementQuery(ASK, slo_s=1e-4), [])
+    # A node with a queue: one that would start the request at once lets it in regardless.
+    view = cluster(node("p1", "prefill", queued_tokens=50), node("d", "decode"))
+    tight = Offers(Placer(view, PlacementOptions()), PlacementQuery(ASK, slo_s=1e-4), [])
     first = tight.next(LATER)
     assert isinstance(first, Refused) and first.by_policy
     assert (first.rejection.status, first.rejection.cause) == (429, "ttft_slo")

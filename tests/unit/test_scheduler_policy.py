@@ -242,11 +242,18 @@ def test_an_slo_the_prediction_exceeds_is_a_429_with_retry_after() -> None:
 
 
 def test_an_slo_no_queue_explains_retries_after_a_second() -> None:
-    v = view(node("p", "prefill"), node("d", "decode"))
-    # 1.01 s of prefill alone cannot meet 1 ms; nothing will drain, so retry after a second.
+    v = view(node("p", "prefill", queued_tokens=10), node("d", "decode"))
+    # 1.01 s of prefill alone cannot meet 1 ms; no drain of the queue explains it, so retry
+    # after a second.
     decision = place(PlacementRequest(1000, 8), v, [], NOW, slo_s=0.001)
     assert isinstance(decision, Rejection) and decision.status == 429
     assert decision.retry_after_s == 1.0
+
+
+def test_a_request_an_idle_node_would_start_is_let_in_past_the_objective() -> None:
+    v = view(node("p", "prefill"), node("d", "decode"))
+    decision = place(PlacementRequest(1000, 8), v, [], NOW, slo_s=0.001)
+    assert isinstance(decision, Placement) and decision.predicted_ttft_s > 0.001
 
 
 def test_decode_prefers_a_node_with_room() -> None:

@@ -117,7 +117,9 @@ async def offered_load(http: httpx.AsyncClient, model: str, rate: float, seconds
                        max_tokens: int) -> list[Shot]:  # fmt: skip
     tasks, gap = [], 1.0 / rate
     start = time.monotonic()
-    for i in range(int(rate * seconds)):
+    # At least three: on a host too slow for one request in ``seconds`` there is still an
+    # excess to refuse.
+    for i in range(max(int(rate * seconds), 3)):
         await asyncio.sleep(max(0.0, start + i * gap - time.monotonic()))
         tasks.append(asyncio.create_task(shoot(http, model, max_tokens)))
     return list(await asyncio.gather(*tasks))

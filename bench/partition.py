@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import netns
 from bench.chaos import Harness, Live, open_harness, stories
 from bench.faults import Stack, Tally
 from crescent.certs import LOOPBACK_IPS, write_cert
@@ -43,48 +44,24 @@ NODE = "decode-ns"
 CUT_S = 5.0
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @contextlib.contextmanager
 def namespace() -> Iterator[None]:
     """A network namespace joined to the host by a veth pair (host end ``HOST_IP``)."""
-    # What a run killed before its cleanup left behind.
-    with contextlib.suppress(subprocess.CalledProcessError):
-        _ip("netns", "del", NS)
-    with contextlib.suppress(subprocess.CalledProcessError):
-        _ip("link", "del", HOST_IF)
-    _ip("netns", "add", NS)
-    try:
-        _ip("link", "add", HOST_IF, "type", "veth", "peer", "name", NODE_IF)
-        _ip("link", "set", NODE_IF, "netns", NS)
-        _ip("addr", "add", f"{HOST_IP}/24", "dev", HOST_IF)
-        _ip("link", "set", HOST_IF, "up")
-        _ip("netns", "exec", NS, "ip", "addr", "add", f"{NODE_IP}/24", "dev", NODE_IF)
-        _ip("netns", "exec", NS, "ip", "link", "set", NODE_IF, "up")
-        _ip("netns", "exec", NS, "ip", "link", "set", "lo", "up")
-        yield
-    finally:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            _ip("link", "del", HOST_IF)
-        _ip("netns", "del", NS)
+    with netns.namespace(NS):
+        netns.veth(HOST_IF, NS, NODE_IF, f"{NODE_IP}/24", outer=f"{HOST_IP}/24")
+        try:
+            yield
+        finally:
+            netns.remove_link(HOST_IF)
 
 
 def cut(up: bool) -> None:
-    _ip("link", "set", HOST_IF, "up" if up else "down")
+    netns.set_link(HOST_IF, up)
 
 
 def supported() -> str | None:
     """Why this cannot run here, or None."""
-    if os.geteuid() != 0:
-        return "needs root for ip netns"
-    try:
-        _ip("netns", "add", "crescent-probe")
-        _ip("netns", "del", "crescent-probe")
-    except (OSError, subprocess.CalledProcessError) as exc:
-        return f"ip netns does not work here: {exc}"
-    return None
+    return netns.supported("crescent-probe")
 
 
 @dataclass
@@ -134,7 +111,7 @@ def start(data_dir: Path, cache_dir: Path) -> Partitioned:
     }
     log = (data_dir / f"{NODE}.log").open("ab")
     node = subprocess.Popen(
-        ["ip", "netns", "exec", NS, sys.executable, "-m", "services.decode"],
+        netns.inside(NS, [sys.executable, "-m", "services.decode"]),
         env=node_env,
         stdout=log,
         stderr=subprocess.STDOUT,

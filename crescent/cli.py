@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import re
-import runpy
 import sys
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -13,12 +12,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
-from crescent import config_reference, generate, secrets_cli, status, up
+from crescent import config_reference, generate, secrets_cli, serve, status, up
 from crescent.bench import options as bench_options
 from crescent.plan import cli as plan_cli
 from crescent.sim import cli as sim_cli
 
-SERVICES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 _UNRECOGNIZED = "unrecognized arguments: "
 
 
@@ -109,8 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
             formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         )
     )
-    serve = sub.add_parser("serve", help="run one service in this process")
-    serve.add_argument("service", choices=SERVICES)
+    serve.add_arguments(
+        sub.add_parser("serve", help="run one service of a deployment over several hosts")
+    )
     hash_key = sub.add_parser(
         "hash-key", help="print the CRESCENT_API_KEYS_FILE line of the API key read on stdin"
     )
@@ -166,7 +165,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "config-reference":
         return config_reference.run(args)
     if args.command == "serve":
-        # The same entry point as `python -m services.<name>`; settings come from CRESCENT_*.
-        runpy.run_module(f"services.{args.service}", run_name="__main__", alter_sys=True)
-        return 0
+        return serve.run(args)
     return 2

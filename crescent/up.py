@@ -23,6 +23,7 @@ from crescent.up_lock import DataLock, FolderBusy, default_data_dir
 from crescent.up_port import PortTaken, check_free
 from crescent.up_progress import StartupProgress
 from crescent.up_ready import NotReady, wait_gateway, wait_healthy, wait_nodes
+from crescent.up_roles import role_environment
 from crescent.up_stop import Stopped, StopSignals
 from shared.service_settings import child_environment
 
@@ -133,12 +134,10 @@ def _start(
         model_name = _prepare_model(env.get("CRESCENT_MODEL"))
     roles, watcher, metrics = _start_backbone(args, data_dir, env, children, signals, progress)
     kv_ops = _free_port()
-    kv_env = roles.get(up_kvindex.NAME, {})
-    kvindex = up_kvindex.start(env, kv_env, data_dir / "logs", kv_place, kv_ops)
+    kvindex = up_kvindex.start(env, roles, data_dir / "logs", kv_place, kv_ops)
     children.insert(0, kvindex)  # it stops after the nodes, whose last events it may hear
     metrics["tierd"] = tierd_metrics = _free_port()
-    tierd_env = roles.get("tierd", {}) | roles.get(up_tierd.node_id(env), {})
-    tierd = up_tierd.start_tierd(env, tierd_env, data_dir / "logs", tierd_metrics)
+    tierd = up_tierd.start_tierd(env, roles, data_dir / "logs", tierd_metrics)
     children.insert(0, tierd)
     with progress.step("services started"):
         # stop order: gateway first, then schedulers, nodes, tierd, cachemeta, NATS, S3 last
@@ -277,13 +276,14 @@ def _start_cachemeta(
     ``Stopped`` if ``stop[0]`` turns true meanwhile."""
     port = _free_port()
     db_url = env.get("CRESCENT_DB_URL") or f"sqlite+aiosqlite:///{data_dir / 'cachemeta.db'}"
-    child_env = env | {
+    own = {
         "CRESCENT_CACHEMETA_HOST": "127.0.0.1",
         "CRESCENT_CACHEMETA_PORT": str(port),
         "CRESCENT_DB_URL": db_url,
     }
     if metrics is not None:
-        child_env["CRESCENT_METRICS_PORT"] = str(metrics)
+        own["CRESCENT_METRICS_PORT"] = str(metrics)
+    child_env = role_environment(env, {}, "cachemeta", own=own)
     argv = [sys.executable, "-m", "services.cachemeta"]
     child = spawn("cachemeta", argv, child_env, data_dir / "logs")
     _await_port(child, port, 60, stop)
@@ -320,23 +320,20 @@ def _start_services(
         metrics[name] = _free_port()
         return {"CRESCENT_METRICS_PORT": str(metrics[name])}
 
-    gateway_env = env | roles.get("gateway", {})
-    if up_secrets.GATEWAY_ID in roles:  # its own NATS user: the id is that user's
-        gateway_env |= roles[up_secrets.GATEWAY_ID]
-        gateway_env["CRESCENT_GATEWAY_ID"] = up_secrets.GATEWAY_ID
-    gateway_env |= {"CRESCENT_HOST": args.host, "CRESCENT_PORT": str(args.port)}
+    # Its own NATS user (a NATS of this stack's) makes the id that user's; else its own.
+    gateway_id = up_secrets.GATEWAY_ID if up_secrets.GATEWAY_ID in roles else None
+    listen = {"CRESCENT_HOST": args.host, "CRESCENT_PORT": str(args.port)}
+    gateway_env = role_environment(env, roles, "gateway", gateway_id, listen)
     children = [spawn("gateway", [python, "-m", "services.gateway"], gateway_env, log_dir)]
     for i in range(args.schedulers):
         name = f"scheduler-{i}"
-        scheduler_env = env | roles.get("scheduler", {}) | roles.get(name, {})
-        scheduler_env["CRESCENT_SCHEDULER_ID"] = name
+        scheduler_env = role_environment(env, roles, "scheduler", name, ops(name))
         argv = [python, "-m", "services.scheduler"]
-        children.append(spawn(name, argv, scheduler_env | ops(name), log_dir))
+        children.append(spawn(name, argv, scheduler_env, log_dir))
     for role, count in (("prefill", args.prefill), ("decode", args.decode)):
         for i in range(count):
             name = f"{role}-{i}"
-            node_env = env | roles.get(role, {}) | roles.get(name, {}) | ops(name)
-            node_env["CRESCENT_NODE_ID"] = name
+            node_env = role_environment(env, roles, role, name, ops(name))
             argv = [python, "-m", f"services.{role}"]
             # The nodes may take every core they can get, but never ahead of the gateway,
             # the schedulers and NATS: a refusal or a hand-off must not wait behind a step.

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from crescent.processes import Child, spawn
 from crescent.up_port import PortTaken, check_free
+from crescent.up_roles import role_environment
 
 NAME = "kvindex"
 DEFAULT_PORT = 8091
@@ -66,13 +67,17 @@ def place(
 
 
 def start(
-    env: dict[str, str], role_env: dict[str, str], log_dir: Path, where: KvIndexPlace, ops: int
+    env: dict[str, str],
+    roles: Mapping[str, Mapping[str, str]],
+    log_dir: Path,
+    where: KvIndexPlace,
+    ops: int,
 ) -> Child:
-    """kvindex as the child ``kvindex``, with its NATS user and the catalogue's token (both in
-    ``role_env``), listening at ``where``, its ``/healthz`` and ``/metrics`` on port ``ops``."""
+    """kvindex as the child ``kvindex``, with its NATS user and the catalogue's token (what
+    ``roles`` gives it), listening at ``where``, its ``/healthz`` and ``/metrics`` on ``ops``."""
     argv = [sys.executable, "-m", "services.kvindex"]
-    own = where.env() | {"CRESCENT_NODE_ID": NAME, "CRESCENT_METRICS_PORT": str(ops)}
-    return spawn(NAME, argv, env | role_env | own, log_dir)
+    own = where.env() | {"CRESCENT_METRICS_PORT": str(ops)}
+    return spawn(NAME, argv, role_environment(env, roles, NAME, NAME, own), log_dir)
 
 
 def summary(where: KvIndexPlace, child_env: Mapping[str, str]) -> str:

@@ -5,10 +5,12 @@ to S3 where the stack has one (``--with-s3`` or ``CRESCENT_S3_ENDPOINT``)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from crescent.processes import Child, spawn
 from crescent.secret_files import private_dir
+from crescent.up_roles import role_environment
 from shared import subjects
 
 #: Settings of another S3 server, which the stack's own (``--with-s3``) replaces.
@@ -44,10 +46,11 @@ def node_id(env: dict[str, str]) -> str:
 
 
 def start_tierd(
-    env: dict[str, str], role_env: dict[str, str], log_dir: Path, metrics_port: int
+    env: dict[str, str], roles: Mapping[str, Mapping[str, str]], log_dir: Path, metrics_port: int
 ) -> Child:
-    """The host's tierd as the child ``tierd``, with its role's NATS user, the cachemeta token
-    and the stack's S3 server (all in ``role_env``), its metrics on ``metrics_port``."""
+    """The host's tierd as the child ``tierd``, with its NATS user, the cachemeta token and
+    the stack's S3 server (what ``roles`` gives tierd and its node id), its metrics on
+    ``metrics_port``."""
     argv = [sys.executable, "-m", "services.tierd"]
-    own = {"CRESCENT_NODE_ID": node_id(env), "CRESCENT_METRICS_PORT": str(metrics_port)}
-    return spawn("tierd", argv, env | role_env | own, log_dir)
+    own = {"CRESCENT_METRICS_PORT": str(metrics_port)}
+    return spawn("tierd", argv, role_environment(env, roles, "tierd", node_id(env), own), log_dir)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crescent.certs import Authority
-from crescent.nats_config import KVINDEX, render_config
+from crescent.nats_config import KVINDEX, RELAY, render_config
 from crescent.secret_files import (
     PRIVATE_FILE,
     create_private,
@@ -160,27 +160,31 @@ class SecretPlan:
 
 #: kvindex's client certificate (NATS asks every client for one); it serves no TLS itself.
 KVINDEX_CERT = CertSpec(KVINDEX, (KVINDEX,))
+#: The client certificate every relay of another engine's KV events shares with its user.
+RELAY_CERT = CertSpec(RELAY, (RELAY,))
 
 
 def role_plan() -> SecretPlan:
-    """One NATS user per role (every replica of a role shares it), and kvindex's."""
-    return SecretPlan((*subjects.ROLES, KVINDEX))
+    """One NATS user per role (every replica of a role shares it), kvindex's and the relays'."""
+    return SecretPlan((*subjects.ROLES, KVINDEX, RELAY))
 
 
 def compose_plan(slots: SlotSettings, host_id: str) -> SecretPlan:
     """A NATS user per compose slot, the host's tierd, and the stack's one kvindex (a slot of
-    its own, which its container claims like the others)."""
+    its own, which its container claims like the others); and the relays' shared user, which
+    is no slot (one relay runs beside each engine, however many)."""
     nodes = compose_nodes(slots, host_id) | {KVINDEX: KVINDEX}
-    certs = (*compose_specs(), KVINDEX_CERT)
-    return SecretPlan(tuple(nodes), nodes, certs, compose_paths("nats"))
+    certs = (*compose_specs(), KVINDEX_CERT, RELAY_CERT)
+    return SecretPlan((*nodes, RELAY), nodes, certs, compose_paths("nats"))
 
 
 def k8s_plan(slots: SlotSettings, namespace: str = "crescent") -> SecretPlan:
     """A NATS user per StatefulSet pod; tierd, a DaemonSet whose pods are named after no
-    ordinal, keeps its role's user, and so does kvindex, a Deployment of one pod."""
+    ordinal, keeps its role's user, and so does kvindex, a Deployment of one pod, and the
+    relays of other engines' KV events."""
     nodes = pod_nodes(slots)
-    certs = (*k8s_specs(namespace), KVINDEX_CERT)
-    return SecretPlan((*nodes, "tierd", KVINDEX), nodes, certs, k8s_paths())
+    certs = (*k8s_specs(namespace), KVINDEX_CERT, RELAY_CERT)
+    return SecretPlan((*nodes, "tierd", KVINDEX, RELAY), nodes, certs, k8s_paths())
 
 
 def tls_secret_name(name: str) -> str:

@@ -175,7 +175,7 @@ class NodeStatus(WireMessage, kw_only=True):
     """
 
     node_id: Id
-    role: Annotated[str, Meta(pattern=r"^(gateway|scheduler|prefill|decode|tierd)$")]
+    role: Annotated[str, Meta(pattern=r"^(gateway|scheduler|prefill|decode|tierd|kvindex)$")]
     epoch: OptionalId = ""
     healthy: bool = True
     transfer_kind: ShortText = ""

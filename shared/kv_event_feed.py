@@ -44,8 +44,9 @@ class ChainBlock:
 
 
 class KvEventFeed:
-    """Owns one publisher's event stream: its epoch, the next frame number, and whether a
-    whole resend is owed to its listeners.
+    """Owns the event stream of one publisher, ``publisher`` of ``role`` (prefill, decode or
+    tierd): its epoch, the next frame number, and whether a whole resend is owed to its
+    listeners.
 
     Invariants: frames leave numbered 0, 1, 2, ... within the epoch; a frame that could not be
     sent still uses its number, so listeners see the hole, and a resend is owed
@@ -53,11 +54,14 @@ class KvEventFeed:
     raises: the catalogue session it rides on must not fail over a listener.
     """
 
-    def __init__(self, bus: Bus, publisher: str, epoch: str = "") -> None:
+    def __init__(self, bus: Bus, role: str, publisher: str, epoch: str = "") -> None:
+        if role not in subjects.KV_EVENT_ROLES:
+            raise ValueError(f"{role!r} publishes no KV events")
         self.bus = bus
+        self.role = role
         self.publisher = subjects.check_token(publisher, "publisher id")
         self.epoch = epoch or uuid.uuid4().hex[:16]
-        self.subject = subjects.kv_events(publisher)
+        self.subject = subjects.kv_events(role, publisher)
         self.next_seq = 0
         self._resend = False
         self._listening = False
@@ -96,7 +100,11 @@ class KvEventFeed:
 
     async def _send_frame(self, batch: list[Event]) -> None:
         frame = KvEventFrame(
-            publisher=self.publisher, epoch=self.epoch, seq=self.next_seq, batch=encode_batch(batch)
+            role=self.role,
+            publisher=self.publisher,
+            epoch=self.epoch,
+            seq=self.next_seq,
+            batch=encode_batch(batch),
         )
         self.next_seq += 1
         try:
@@ -115,7 +123,7 @@ class KvEventFeed:
             return
         try:
             await self.bus.subscribe(
-                subjects.kv_resyncs(self.publisher), KvResyncRequest, self._on_resync
+                subjects.kv_resyncs(self.role, self.publisher), KvResyncRequest, self._on_resync
             )
         except Exception as exc:
             log.debug("cannot listen for KV resync requests yet: %r", exc)
@@ -123,7 +131,7 @@ class KvEventFeed:
         self._listening = True
 
     async def _on_resync(self, request: KvResyncRequest) -> None:
-        if request.publisher != self.publisher:
+        if (request.role, request.publisher) != (self.role, self.publisher):
             return
         log.info("a listener asked %s for a KV resend: %s", self.publisher, request.reason)
         self._resend = True

@@ -1,9 +1,10 @@
 """KV events: which blocks a publisher of catalogue changes stored or dropped, in vLLM's layout.
 
 Every publisher of catalogue changes (a node for its DRAM pool, a tierd for its NVMe and S3
-tiers) also sends them, numbered, on ``subjects.kv_events(<its id>)``. A NATS message there is
-a ``KvEventFrame``: the publisher's id, its epoch, a sequence number, and ``batch``, the bytes
-of one ``KVEventBatch`` encoded as vLLM encodes it (vllm/distributed/kv_events.py: msgpack,
+tiers) also sends them, numbered, on ``subjects.kv_events(<its role>, <its id>)``. A NATS
+message there is a ``KvEventFrame``: the publisher's role and id (both what the subject says),
+its epoch, a sequence number, and ``batch``, the bytes of one ``KVEventBatch`` encoded as vLLM
+encodes it (vllm/distributed/kv_events.py: msgpack,
 every struct ``array_like``, events tagged by class name). So vLLM's own decoder structure
 reads ``batch``, and a relay forwards vLLM's ZMQ payload frame as ``batch`` unchanged, its
 sequence frame as ``seq``.
@@ -34,6 +35,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta
 
+from shared import subjects
 from shared.kv.tiers import DRAM, NVME, S3
 from shared.messages import Id, WireMessage
 
@@ -47,6 +49,7 @@ Medium = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_\-]{1,32}$")]
 MEDIUMS = {DRAM: "DRAM", NVME: "NVME", S3: "S3"}
 #: What an event that names no medium came from (vLLM before ``medium``: its GPU pool).
 DEFAULT_MEDIUM = "GPU"
+KvRole = Annotated[str, Meta(pattern=f"^({'|'.join(subjects.KV_EVENT_ROLES)})$")]
 
 
 class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
@@ -81,9 +84,11 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
 
 
 class KvEventFrame(WireMessage, kw_only=True):
-    """One numbered batch of ``publisher``'s events. ``seq`` counts frames from 0 within one
-    ``epoch`` (a publisher's run); a listener that sees a number skipped has missed events."""
+    """One numbered batch of the events of ``publisher``, a ``role``. ``seq`` counts frames
+    from 0 within one ``epoch`` (a publisher's run); a listener that sees a number skipped has
+    missed events."""
 
+    role: KvRole
     publisher: Id
     epoch: Id
     seq: Annotated[int, Meta(ge=0, le=(1 << 63) - 1)]
@@ -93,6 +98,7 @@ class KvEventFrame(WireMessage, kw_only=True):
 class KvResyncRequest(WireMessage, kw_only=True):
     """listener -> publisher: I lost your stream; send every tier cleared, then whole."""
 
+    role: KvRole
     publisher: Id
     reason: Annotated[str, Meta(max_length=256)] = ""
 

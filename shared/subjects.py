@@ -32,10 +32,14 @@ DISCONNECTS = f"{PREFIX}.events.disconnect"
 ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd")
 
 #: every publisher of catalogue changes -> anyone: its numbered KV events (``KvEventFrame``,
-#: ``shared.kv_events``) on ``kv.events.<publisher id>``; a node publishes its DRAM pool's,
-#: a tierd its NVMe and S3 tiers'. A relay may publish another engine's (vLLM's) here too.
+#: ``shared.kv_events``) on ``kv.events.<role>.<publisher id>``; a node publishes its DRAM
+#: pool's, a tierd its NVMe and S3 tiers', a relay another engine's (vLLM's) as ``external``.
+#: The role leads, as in heartbeats, so a user shared by a role's replicas (Kubernetes' tierd)
+#: can be confined to its own role's subjects and never speak for a node.
 KV_EVENTS = f"{PREFIX}.kv.events"
 KV_EVENTS_ALL = f"{KV_EVENTS}.>"
+KV_EXTERNAL = "external"
+KV_EVENT_ROLES = ("prefill", "decode", "tierd", KV_EXTERNAL)
 
 
 def heartbeats(role: str, node_id: str) -> str:
@@ -96,15 +100,22 @@ def replays(node_id: str) -> str:
     return f"{PREFIX}.replay.{node_id}"
 
 
-def kv_events(publisher_id: str) -> str:
-    """Where ``publisher_id`` publishes its KV events (``KV_EVENTS`` says what they are)."""
-    return f"{KV_EVENTS}.{publisher_id}"
+def kv_events(role: str, publisher_id: str) -> str:
+    """Where ``publisher_id`` of ``role`` (one of ``KV_EVENT_ROLES``) publishes its KV events
+    (``KV_EVENTS`` says what they are)."""
+    return f"{KV_EVENTS}.{role}.{publisher_id}"
 
 
-def kv_resyncs(publisher_id: str) -> str:
+def kv_resyncs(role: str, publisher_id: str) -> str:
     """a listener of KV events -> their publisher: a ``KvResyncRequest`` (send every tier
     cleared, then whole), after the listener missed some of its events."""
-    return f"{PREFIX}.kv.resync.{publisher_id}"
+    return f"{PREFIX}.kv.resync.{role}.{publisher_id}"
+
+
+def kv_publisher(role: str, publisher_id: str) -> str:
+    """The name a listener knows a publisher of KV events by: its role and id, as its
+    subjects carry them (an id alone may be claimed under two roles)."""
+    return f"{role}.{publisher_id}"
 
 
 def tokens(request_id: str) -> str:

@@ -90,7 +90,7 @@ class StatusBoard:
 
 #: The roles with a saturation figure.
 _SCALED = ("prefill", "decode")
-_ROLES = {"gateway": 0, "scheduler": 1, "prefill": 2, "decode": 3, "tierd": 4}
+_ROLES = {"gateway": 0, "scheduler": 1, "prefill": 2, "decode": 3, "tierd": 4, "kvindex": 5}
 
 
 def _ratio(value: float | None) -> float | None:

@@ -6,6 +6,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
+from shared import subjects
 from shared.catalogue_token import require_token
 from shared.nats_auth import NatsAuthSettings
 from shared.secrets import CacheMetaTokenSettings, CacheSecret, cache_secret_field
@@ -33,12 +34,16 @@ class KvIndexSettings(NatsAuthSettings, CacheMetaTokenSettings):
     cache_secret: CacheSecret = cache_secret_field(
         "key of the per-tenant cache salts, for queries by token ids; the same as the nodes'"
     )
+    heartbeat_interval_s: float = Field(
+        default=1.0, gt=0, description="kvindex's beat, by which status pages list it"
+    )
     metrics_port: int | None = Field(default=None, description="serve /healthz and /metrics here")
     metrics_host: str = Field(default="127.0.0.1", description="interface of the metrics port")
 
     @model_validator(mode="after")
     def _require_token(self) -> Self:
         require_token(self, self.dev_mode, "kvindex", "answer anyone")
+        subjects.check_token(self.node_id, "kvindex's node id")  # its heartbeat's subject
         return self
 
 

@@ -20,7 +20,9 @@ log = logging.getLogger(__name__)
 class KvEventHandlers:
     """Translates each frame into a fold of the index, and a fold's resync into a request to
     the publisher. Owns the tallies of frames by outcome (``folded``, ``replayed``,
-    ``malformed``, ``misaddressed``) and of the resend requests sent."""
+    ``malformed``, ``misaddressed``) and of the resend requests sent. Invariant: the index
+    names each publisher by the role and id of the subject its frames came on
+    (``subjects.kv_publisher``), so one role's frames never reach another role's views."""
 
     def __init__(
         self, index: KvIndex, bus: Bus, clock: Callable[[], float] = time.monotonic
@@ -32,11 +34,13 @@ class KvEventHandlers:
         self.resyncs_asked = 0
 
     async def on_frame(self, subject: str, frame: KvEventFrame) -> None:
-        # The subject is what NATS permissions vouch for; a frame naming another publisher
-        # would let one publisher overwrite another's view.
-        if subject != subjects.kv_events(frame.publisher):
+        # The subject is what NATS permissions vouch for (a role's subjects, or one node's):
+        # a frame naming another role or publisher would speak for someone else.
+        if subject != subjects.kv_events(frame.role, frame.publisher):
             self.frames["misaddressed"] += 1
-            log.warning("dropped KV events of %r sent on %s", frame.publisher, subject)
+            log.warning(
+                "dropped KV events of %s %r sent on %s", frame.role, frame.publisher, subject
+            )
             return
         try:
             batch = decode_batch(frame.batch)
@@ -45,13 +49,14 @@ class KvEventHandlers:
             self.frames["malformed"] += 1
             log.warning("dropped a malformed KV event batch on %s: %s", subject, exc)
             return
-        folded = self.index.fold(frame.publisher, frame.epoch, frame.seq, batch, self.clock())
+        name = subjects.kv_publisher(frame.role, frame.publisher)
+        folded = self.index.fold(name, frame.epoch, frame.seq, batch, self.clock())
         self.frames["folded" if folded.applied else "replayed"] += 1
         if folded.resync:
-            await self.ask_resend(frame.publisher, folded.resync)
+            await self.ask_resend(frame.role, frame.publisher, folded.resync)
 
-    async def ask_resend(self, publisher: str, reason: str) -> None:
-        log.info("asking %s to resend its KV events: %s", publisher, reason)
+    async def ask_resend(self, role: str, publisher: str, reason: str) -> None:
+        log.info("asking %s %s to resend its KV events: %s", role, publisher, reason)
         self.resyncs_asked += 1
-        request = KvResyncRequest(publisher=publisher, reason=reason)
-        await self.bus.publish(subjects.kv_resyncs(publisher), request)
+        request = KvResyncRequest(role=role, publisher=publisher, reason=reason)
+        await self.bus.publish(subjects.kv_resyncs(role, publisher), request)

@@ -85,9 +85,10 @@ class PublisherMatch:
 
 
 class KvIndex:
-    """Owns every publisher's view. Invariant: each view is what its folded frames say, under
-    the trust rules of this module; ``resync_after_s`` spaces the resend requests of one
-    publisher that stays out of step."""
+    """Owns every publisher's view, keyed by the publisher's name (its role and id, as the
+    handlers give it). Invariant: each view is what its folded frames say, under the trust
+    rules of this module; ``resync_after_s`` spaces the resend requests of one publisher that
+    stays out of step."""
 
     def __init__(self, resync_after_s: float = 5.0) -> None:
         self.publishers: dict[str, PublisherView] = {}

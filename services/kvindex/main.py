@@ -1,11 +1,14 @@
 """Wires kvindex: settings, the bus and its subscription to every publisher's KV events, the
-index, the HTTP port of the prefix queries (uvicorn) and the ops port."""
+index, the HTTP port of the prefix queries (uvicorn), its heartbeat (so status pages list it)
+and the ops port."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
+import uuid
 from collections.abc import Iterator
 
 import uvicorn
@@ -18,6 +21,8 @@ from services.kvindex.index import KvIndex
 from services.kvindex.metrics import KvIndexMetrics
 from shared import subjects
 from shared.bus import Bus, NatsBus
+from shared.cluster_messages import NodeStatus
+from shared.heartbeat import Heartbeat
 from shared.kv_events import KvEventFrame
 from shared.lifecycle import Lifecycle
 from shared.ops_http import OpsServer
@@ -47,6 +52,7 @@ class KvIndexService:
         self.registry = CollectorRegistry()
         self.lifecycle = Lifecycle("kvindex", self.registry)
         self._bus = bus
+        self.epoch = uuid.uuid4().hex[:16]
         self.port = 0
         self.http: _Server | None = None
         self._socket: socket.socket | None = None
@@ -64,6 +70,8 @@ class KvIndexService:
         life.on_stop("bus", bus.close)
         self.handlers = handlers = KvEventHandlers(self.index, bus)
         await bus.watch(subjects.KV_EVENTS_ALL, KvEventFrame, handlers.on_frame)
+        heart = Heartbeat(bus, s.heartbeat_interval_s, self._status, self.status)
+        life.every("heartbeat", s.heartbeat_interval_s, heart.beat)
         app = build_app(self.index, s.cache_secret, s.cachemeta_token_value())
         config = uvicorn.Config(
             app, lifespan="off", log_config=None, access_log=False, timeout_graceful_shutdown=2
@@ -81,6 +89,19 @@ class KvIndexService:
 
     def healthy(self) -> bool:
         return self.lifecycle.running and self._bus is not None and self._bus.connected
+
+    def status(self) -> NodeStatus:
+        """kvindex's heartbeat: who it is and whether it is well (it takes no work)."""
+        return NodeStatus(
+            node_id=self.settings.node_id,
+            role="kvindex",
+            epoch=self.epoch,
+            healthy=self.healthy(),
+            pid=os.getpid(),
+        )
+
+    async def _status(self) -> NodeStatus:
+        return self.status()
 
     async def _serve_http(self) -> None:
         assert self.http is not None and self._socket is not None

@@ -2,11 +2,13 @@
 Dynamo's standalone indexer: a prompt as block hashes, or as token ids hashed as Crescent
 hashes them, answered per publisher ("instance") and tier. Pure: no I/O.
 
-An answer names each publisher holding the prompt's first block::
+An answer names each publisher holding the prompt's first block by its role and id
+(``subjects.kv_publisher``: the same id under two roles is two publishers)::
 
     {"num_blocks": 4,
-     "instances": {"prefill-0": {"longest_matched": 96, "matched_blocks": 3, "complete": true,
-                                 "tiers": {"dram": {"blocks": 3, "tokens": 96}}}}}
+     "instances": {"prefill.prefill-0": {"longest_matched": 96, "matched_blocks": 3,
+                                         "complete": true,
+                                         "tiers": {"dram": {"blocks": 3, "tokens": 96}}}}}
 
 ``tiers`` gives, per tier, the leading blocks held there (what cachemeta's MatchPrefix says of
 the same holder); ``longest_matched`` (tokens, Mooncake's name) and ``matched_blocks`` count

@@ -1,8 +1,10 @@
 """Relays another engine's KV events onto Crescent's subjects: vLLM publishes each batch on a
 ZMQ PUB socket as three frames (topic, an 8-byte big-endian sequence number, the msgpack
 batch); the relay forwards the batch unchanged in a ``KvEventFrame`` on
-``subjects.kv_events(<publisher>)``, its sequence number as ``seq``. Run it beside the engine
-with ``python -m services.kvindex.relay`` (it needs ``pyzmq``, which Crescent itself does not).
+``subjects.kv_events("external", <publisher>)``, its sequence number as ``seq``. Run it beside
+the engine with ``python -m services.kvindex.relay`` (it needs ``pyzmq``, which Crescent itself
+does not), connected as the relay's NATS user, which may publish only external events: a relay
+cannot speak for a Crescent node or tierd.
 
 A number lower than the last one means the engine restarted: the relay starts a new epoch,
 so listeners open a fresh view instead of seeing a gap.
@@ -25,11 +27,13 @@ log = logging.getLogger("kvindex.relay")
 
 
 class RelayStream:
-    """Owns the numbering of one engine's relayed frames. Invariant: within an epoch, ``seq``
-    is the engine's own number; a number below the last one starts a new epoch."""
+    """Owns the numbering of one engine's relayed frames, and their subject (the engine's id
+    under the ``external`` role). Invariant: within an epoch, ``seq`` is the engine's own
+    number; a number below the last one starts a new epoch."""
 
     def __init__(self, publisher: str) -> None:
         self.publisher = subjects.check_token(publisher, "publisher id")
+        self.subject = subjects.kv_events(subjects.KV_EXTERNAL, publisher)
         self.epoch = uuid.uuid4().hex[:16]
         self.last_seq = -1
 
@@ -44,7 +48,13 @@ class RelayStream:
             self.epoch = uuid.uuid4().hex[:16]
             log.info("the engine's numbers restarted at %d: new epoch %s", seq, self.epoch)
         self.last_seq = seq
-        return KvEventFrame(publisher=self.publisher, epoch=self.epoch, seq=seq, batch=payload)
+        return KvEventFrame(
+            role=subjects.KV_EXTERNAL,
+            publisher=self.publisher,
+            epoch=self.epoch,
+            seq=seq,
+            batch=payload,
+        )
 
 
 class Relay:
@@ -74,7 +84,7 @@ class Relay:
         socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
         socket.connect(s.relay_zmq_endpoint)
         socket.setsockopt_string(zmq.SUBSCRIBE, s.relay_zmq_topic)
-        subject = subjects.kv_events(self.stream.publisher)
+        subject = self.stream.subject
         log.info("relaying %s to %s", s.relay_zmq_endpoint, subject)
         try:
             while True:

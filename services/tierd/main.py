@@ -94,7 +94,7 @@ class TierdService:
             name = f"crescent-{self.node_id}"
             self._bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
         bus = self.bus = self._bus
-        self.catalogue.events = KvEventFeed(bus, self.node_id)
+        self.catalogue.events = KvEventFeed(bus, "tierd", self.node_id)
         self.handlers = handlers = TierdHandlers(
             self.node_id, self.host_id, self.epoch, self.tiering, self.reader, self.staging,
             s.transfer, self.server.address,

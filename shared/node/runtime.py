@@ -144,7 +144,7 @@ class NodeRuntime:
             client, self.host, self.node_id, self.role_name, self.host.block_bytes,
             sync_interval_s=s.catalogue_sync_s, heartbeat_interval_s=s.heartbeat_interval_s,
         )  # fmt: skip
-        self.catalogue.events = KvEventFeed(self.bus, self.node_id)
+        self.catalogue.events = KvEventFeed(self.bus, self.role_name, self.node_id)
         self.lifecycle.every("catalogue-sync", s.catalogue_sync_s, self.catalogue.tick)
         keeps = NodeKeeps(self.host, client)  # keeps dropped or extended elsewhere
         self.lifecycle.every("keep-watch", keeps.interval_s, keeps.tick)

@@ -13,7 +13,7 @@ import nats
 import nats.errors
 import pytest
 
-from crescent.nats_config import KVINDEX, render_config
+from crescent.nats_config import KVINDEX, RELAY, render_config
 from crescent.secrets_init import NATS_HTTP, NATS_LISTEN, nats_password_key
 from crescent.slots import SlotSettings, compose_nodes
 from services.cachemeta.config import CacheMetaSettings
@@ -109,7 +109,9 @@ def test_nats_runs_the_configuration_secrets_init_renders(tmp_path: Path) -> Non
     )
     folder = generate(tmp_path / "secrets")
     nodes = compose_nodes(SlotSettings(), "compose") | {KVINDEX: KVINDEX}
-    passwords = {n: (folder / nats_password_key(n)).read_text().strip() for n in nodes}
+    # The relays' user is no slot: it stands for every relay.
+    users = (*nodes, RELAY)
+    passwords = {n: (folder / nats_password_key(n)).read_text().strip() for n in users}
     expected = render_config(passwords, nodes=nodes, listen=NATS_LISTEN, http=NATS_HTTP)
     config = (folder / "nats-config").read_text()
     (tls_line,) = [line for line in config.splitlines() if line.startswith("tls: ")]

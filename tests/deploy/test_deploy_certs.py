@@ -39,8 +39,9 @@ COMPOSE_NAMES = {
     "prefill": {SERVER_NAME},
     "decode": {SERVER_NAME},
     "tierd": {SERVER_NAME},
-    # A client of NATS only: it serves no TLS, so it carries no shared name.
+    # Clients of NATS only: they serve no TLS, so they carry no shared name.
     "kvindex": {"kvindex"},
+    "kvindex-relay": {"kvindex-relay"},
 }
 
 

@@ -39,7 +39,7 @@ from tests.deploy.generated import k8s_tls_folder, local_k8s_config
 from tests.deploy.test_k8s import VERSION, generated_keys
 from tests.support.nats import free_port, nats_server_binary, wait_for_port
 
-ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd", "kvindex")
+ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd", "kvindex", "kvindex-relay")
 RANDOM = ("cache-secret", "cachemeta-token", "postgres-password", "s3-secret-key", API_KEY)
 
 
@@ -178,6 +178,8 @@ def test_each_role_gets_a_secret_of_its_pods_passwords_and_nats_admits_exactly_t
         "tierd": ["tierd"],
         # One Deployment pod: kvindex has a user of its own.
         "kvindex": ["kvindex"],
+        # Every relay of another engine's KV events shares one.
+        "kvindex-relay": ["kvindex-relay"],
     }
     tls = {tls_secret_name(n) for n in ("nats", "cachemeta", "s3", *expected)}
     assert set(secrets) == {"crescent-secrets", NATS_SECRET, *map(role_secret_name, expected), *tls}

@@ -1,9 +1,10 @@
 """kvindex as `crescent up` runs it: on its own NATS with one user per service, every node and
-tierd publishing its KV events as itself. After the gateway served a prompt given as token
-ids, kvindex's prefix query on those ids (hashed as the nodes hash them, with the tenant's
-salt) names the node that computed the prompt, with the prompt's blocks in its DRAM pool; the
-same ids of another tenant match nothing; and no service's log, nor the NATS server's, shows
-a permissions violation."""
+tierd publishing its KV events as itself, under its role. After the gateway served a prompt
+given as token ids, kvindex's prefix query on those ids (hashed as the nodes hash them, with
+the tenant's salt) names the prefill node that computed the prompt, with the prompt's blocks
+in its DRAM pool; the same ids of another tenant match nothing; the gateway's status lists
+kvindex by its heartbeat; and no service's log, nor the NATS server's, shows a permissions
+violation."""
 
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def test_kvindex_finds_the_served_prompt_in_the_dram_of_the_node_that_computed_i
     scope = asyncio.run(node_scope(stack))
     rng = random.Random()  # a prompt no earlier request of the stack could have cached
     prompt = [rng.randrange(100, 20000) for _ in range(FULL_BLOCKS * scope.block_size + 5)]
-    node = serve(stack, prompt)
+    node = f"prefill.{serve(stack, prompt)}"  # kvindex names a publisher by role and id
     token = read_secret_file(stack.data_dir / "secrets" / "cachemeta.token")
     query = {
         "token_ids": prompt, "block_size": scope.block_size, "model": scope.model_id,
@@ -120,6 +121,10 @@ def test_kvindex_finds_the_served_prompt_in_the_dram_of_the_node_that_computed_i
         assert stranger.status_code == 401
     metrics = httpx.get(where(stack)["kvindex_metrics"], timeout=10).text
     assert 'crescent_kvindex_frames_total{outcome="folded"}' in metrics
+    status = httpx.get(stack.base_url.removesuffix("/v1") + "/status", timeout=10).json()
+    assert [(n["id"], n["health"]) for n in status["nodes"] if n["role"] == "kvindex"] == [
+        ("kvindex", "ok")
+    ]
     assert violations(stack.data_dir / "logs") == {}
 
 

@@ -84,7 +84,7 @@ def test_events_rebuild_the_catalogues_view_and_queries_agree_with_its_grpc_answ
     rebuilt = Rebuilt()
 
     async def on_frame(msg: Msg) -> None:
-        if msg.subject == subjects.kv_events(node):
+        if msg.subject == subjects.kv_events("decode", node):
             rebuilt.take(msg.data)
 
     async def scenario() -> None:
@@ -146,7 +146,8 @@ async def agree(
 
     await wait_for_condition(same, "the rebuilt view to equal cachemeta's")
     assert len(rebuilt.views[(node, "DRAM")]) > 0
-    await wait_for_condition(lambda: node in views, "kvindex to know the node")
+    name = subjects.kv_publisher("decode", node)
+    await wait_for_condition(lambda: name in views, "kvindex to know the node")
     assert served.client is not None
     model_id, kv_dtype = scope
     root = root_hash(model_id, BLOCK_SIZE, kv_dtype, scope_salt(SECRET.encode(), TENANT))
@@ -158,7 +159,7 @@ async def agree(
         body = (
             await http.post("/v1/kv/query", json={"block_hashes": [x.hex() for x in hashes]})
         ).json()
-        tiers = body["instances"].get(node, {}).get("tiers", {})
+        tiers = body["instances"].get(name, {}).get("tiers", {})
         by_http = {(node, t): m["blocks"] for t, m in tiers.items()}
         assert by_http == by_grpc, prompt
         by_tokens = {
@@ -166,6 +167,6 @@ async def agree(
             "kv_dtype": kv_dtype, "tenant_id": TENANT,
         }  # fmt: skip
         again = (await http.post("/v1/kv/query", json=by_tokens)).json()
-        assert again["instances"].get(node, {}).get("tiers", {}) == tiers
+        assert again["instances"].get(name, {}).get("tiers", {}) == tiers
         seen_hits += bool(by_grpc)
     assert seen_hits > 0, "some prompt's blocks are still in the pool"

@@ -1,6 +1,6 @@
-"""A publisher's feed on a real NATS server: frames numbered from 0 in vLLM's layout, a frame
-lost to a closed connection leaves a hole in the numbers and a resend owed, and a listener's
-resend request reaches the feed."""
+"""A publisher's feed on a real NATS server: frames numbered from 0 in vLLM's layout on its
+role's and id's subject, a frame lost to a closed connection leaves a hole in the numbers and
+a resend owed, and a listener's resend request reaches the feed it names (role and id)."""
 
 from __future__ import annotations
 
@@ -38,15 +38,16 @@ def test_frames_are_numbered_and_a_lost_one_leaves_a_hole_and_a_resend_owed(
             got.append(json.loads(msg.data))
             rebuilt.take(msg.data)
 
-        await listener.subscribe(subjects.kv_events(publisher), cb=on_frame)
+        await listener.subscribe(subjects.kv_events("decode", publisher), cb=on_frame)
         await listener.flush()
         bus = await NatsBus.connect(nats_url, f"crescent-{publisher}")
-        feed = KvEventFeed(bus, publisher)
+        feed = KvEventFeed(bus, "decode", publisher)
         chain = [ChainBlock(h(1), h(0), 16), ChainBlock(h(2), h(1), 16)]
         await feed.replaced("dram", chain)
         await feed.removed("dram", [h(2)])
         await wait_for_condition(lambda: len(got) == 2, "two frames")
         assert [f["seq"] for f in got] == [0, 1] and {f["epoch"] for f in got} == {feed.epoch}
+        assert {(f["role"], f["publisher"]) for f in got} == {("decode", publisher)}
         assert rebuilt.views == {(publisher, "DRAM"): {h(1): h(0)}}
         assert base64.b64decode(str(got[0]["batch"]))[:1] == b"\x93"  # a 3-item msgpack array
         assert feed.take_resend() is False
@@ -70,14 +71,14 @@ def test_a_listeners_resend_request_reaches_the_feed(nats_url: str) -> None:
 
     async def scenario() -> None:
         bus = await NatsBus.connect(nats_url, f"crescent-{publisher}")
-        feed = KvEventFeed(bus, publisher)
+        feed = KvEventFeed(bus, "tierd", publisher)
         await feed.stored("nvme", [ChainBlock(h(1), h(0), 16)])  # starts listening
         await bus.flush()
         other = await NatsBus.connect(nats_url, "crescent-kvindex")
-        await other.publish(
-            subjects.kv_resyncs(publisher), KvResyncRequest(publisher="someone-else")
-        )
-        await other.publish(subjects.kv_resyncs(publisher), KvResyncRequest(publisher=publisher))
+        subject = subjects.kv_resyncs("tierd", publisher)
+        await other.publish(subject, KvResyncRequest(role="tierd", publisher="someone-else"))
+        await other.publish(subject, KvResyncRequest(role="prefill", publisher=publisher))
+        await other.publish(subject, KvResyncRequest(role="tierd", publisher=publisher))
         owed: list[bool] = []
         await wait_for_condition(lambda: owed.append(feed.take_resend()) or any(owed), "a resend")
         assert owed.count(True) == 1

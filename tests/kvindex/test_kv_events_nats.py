@@ -1,6 +1,8 @@
 """kvindex on a real NATS server: a publisher written from vLLM's documented format (not
 Crescent's classes) sends numbered frames, the index folds them, asks for a resend after a
-gap, and answers prefix queries over HTTP; bad queries get a clear 400."""
+gap, and answers prefix queries over HTTP; bad queries get a clear 400. A publisher is its
+role and id: a frame naming another than its subject is dropped, and one id under two roles
+is two publishers."""
 
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from tests.support.wait import wait_for_condition
 
 # Unique per run: the NATS server may be shared with other tests.
 VLLM = f"vllm-{uuid.uuid4().hex[:8]}"
+EXTERNAL = "external"
+#: What the answers call the relayed engine: its role, then its id.
+NAME = f"{EXTERNAL}.{VLLM}"
 
 
 def gpu(keys: list[int], parent: int | None, medium: str = "GPU") -> BlockStored:
@@ -48,17 +53,18 @@ def test_a_vllm_publishers_frames_are_indexed_and_queried_per_tier(nats_url: str
         async with running_index(nats_url) as (service, http):
             nc = await nats.connect(nats_url)
             try:
-                subject = subjects.kv_events(VLLM)
-                await nc.publish(subject, frame(VLLM, "run1", 0, [gpu([11, 12, 13], None)]))
+                subject = subjects.kv_events(EXTERNAL, VLLM)
+                first = [gpu([11, 12, 13], None)]
+                await nc.publish(subject, frame(EXTERNAL, VLLM, "run1", 0, first))
                 batch = [BlockRemoved([13], "GPU"), gpu([21], 12, medium="CPU")]
-                await nc.publish(subject, frame(VLLM, "run1", 1, batch))
-                await wait_for_condition(lambda: folded(service, VLLM) == 1, "both frames folded")
+                await nc.publish(subject, frame(EXTERNAL, VLLM, "run1", 1, batch))
+                await wait_for_condition(lambda: folded(service, NAME) == 1, "both frames folded")
                 reply = await http.post("/v1/kv/query", json={"block_hashes": [11, 12, 13]})
                 assert reply.status_code == 200
                 assert reply.json() == {
                     "num_blocks": 3,
                     "instances": {
-                        VLLM: {
+                        NAME: {
                             "longest_matched": 32,
                             "matched_blocks": 2,
                             "complete": True,
@@ -68,10 +74,10 @@ def test_a_vllm_publishers_frames_are_indexed_and_queried_per_tier(nats_url: str
                 }
                 # The CPU copy continues the GPU prefix: three blocks across the two tiers.
                 reply = await http.post("/v1/kv/query", json={"block_hashes": [11, 12, 21]})
-                assert held(reply.json()) == {VLLM: {"gpu": 2, "*": 3}}
+                assert held(reply.json()) == {NAME: {"gpu": 2, "*": 3}}
                 listing = (await http.get("/v1/kv/publishers")).json()["publishers"]
-                assert listing[VLLM]["tiers"] == {"cpu": 1, "gpu": 2}
-                assert listing[VLLM]["last_seq"] == 1
+                assert listing[NAME]["tiers"] == {"cpu": 1, "gpu": 2}
+                assert listing[NAME]["last_seq"] == 1
             finally:
                 await nc.close()
 
@@ -87,40 +93,84 @@ def test_a_gap_drops_the_view_and_asks_the_publisher_to_resend(nats_url: str) ->
             async def on_request(msg: Msg) -> None:
                 asked.append(json.loads(msg.data))
 
-            await nc.subscribe(subjects.kv_resyncs(VLLM), cb=on_request)
+            await nc.subscribe(subjects.kv_resyncs(EXTERNAL, VLLM), cb=on_request)
             await nc.flush()
-            subject = subjects.kv_events(VLLM)
+            subject = subjects.kv_events(EXTERNAL, VLLM)
             query = {"block_hashes": [1, 2]}
             try:
-                await nc.publish(subject, frame(VLLM, "run2", 0, [gpu([1, 2], None)]))
-                await nc.publish(subject, frame(VLLM, "run2", 2, [gpu([3], 2)]))  # 1 is lost
+                await nc.publish(subject, frame(EXTERNAL, VLLM, "run2", 0, [gpu([1, 2], None)]))
+                lost_one = frame(EXTERNAL, VLLM, "run2", 2, [gpu([3], 2)])  # 1 is lost
+                await nc.publish(subject, lost_one)
                 await wait_for_condition(lambda: bool(asked), "a resend request")
-                assert asked[0]["publisher"] == VLLM and "missed" in asked[0]["reason"]
+                assert (asked[0]["role"], asked[0]["publisher"]) == (EXTERNAL, VLLM)
+                assert "missed" in asked[0]["reason"]
                 assert (await http.post("/v1/kv/query", json=query)).json()["instances"] == {}
                 # vLLM's resend is a clear (of every medium) and its blocks again.
                 resend = [AllBlocksCleared(), gpu([1, 2], None)]
-                await nc.publish(subject, frame(VLLM, "run2", 3, resend))
-                await wait_for_condition(lambda: folded(service, VLLM) == 3, "the resend folded")
+                await nc.publish(subject, frame(EXTERNAL, VLLM, "run2", 3, resend))
+                await wait_for_condition(lambda: folded(service, NAME) == 3, "the resend folded")
                 body = (await http.post("/v1/kv/query", json=query)).json()
-                assert held(body) == {VLLM: {"gpu": 2, "*": 2}}
-                assert body["instances"][VLLM]["complete"] is True
+                assert held(body) == {NAME: {"gpu": 2, "*": 2}}
+                assert body["instances"][NAME]["complete"] is True
             finally:
                 await nc.close()
 
     asyncio.run(scenario())
 
 
-def test_a_frame_naming_another_publisher_than_its_subject_is_dropped(nats_url: str) -> None:
+@pytest.mark.parametrize(
+    ("sent_as", "claimed"),
+    [
+        # Another publisher of the same role.
+        ((EXTERNAL, f"{VLLM}-intruder"), (EXTERNAL, f"{VLLM}-victim")),
+        # The same id, another role: a role's shared user speaking for a node.
+        (("tierd", VLLM), ("prefill", VLLM)),
+        ((EXTERNAL, VLLM), ("decode", VLLM)),
+    ],
+)
+def test_a_frame_naming_another_publisher_than_its_subject_is_dropped(
+    nats_url: str, sent_as: tuple[str, str], claimed: tuple[str, str]
+) -> None:
     async def scenario() -> None:
         async with running_index(nats_url) as (service, _):
             nc = await nats.connect(nats_url)
             try:
-                forged = frame(f"{VLLM}-victim", "e", 0, [gpu([5], None)])
-                await nc.publish(subjects.kv_events(f"{VLLM}-intruder"), forged)
+                forged = frame(*claimed, "e", 0, [gpu([5], None)])
+                await nc.publish(subjects.kv_events(*sent_as), forged)
                 await wait_for_condition(
                     lambda: service.handlers.frames["misaddressed"] == 1, "the forged frame seen"
                 )
-                assert not any(p.startswith(VLLM) for p in service.index.publishers)
+                assert not any(VLLM in p for p in service.index.publishers)
+            finally:
+                await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_one_id_under_two_roles_is_two_publishers(nats_url: str) -> None:
+    """A tierd frame naming a node's id lands in a view of its own: it neither shows as the
+    node's blocks nor clears them."""
+
+    async def scenario() -> None:
+        async with running_index(nats_url) as (service, http):
+            nc = await nats.connect(nats_url)
+            node = f"prefill-{uuid.uuid4().hex[:8]}"
+            try:
+                stored = [gpu([7, 8], None, medium="DRAM")]
+                await nc.publish(
+                    subjects.kv_events("prefill", node), frame("prefill", node, "n", 0, stored)
+                )
+                impostor = [AllBlocksCleared(), gpu([7], None, medium="NVME")]
+                await nc.publish(
+                    subjects.kv_events("tierd", node), frame("tierd", node, "t", 0, impostor)
+                )
+                views = service.index.publishers
+                await wait_for_condition(lambda: len(views) == 2, "both publishers folded")
+                reply = await http.post("/v1/kv/query", json={"block_hashes": [7, 8]})
+                assert held(reply.json()) == {
+                    f"prefill.{node}": {"dram": 2, "*": 2},
+                    f"tierd.{node}": {"nvme": 1, "*": 1},
+                }
             finally:
                 await nc.close()
 

@@ -1,7 +1,7 @@
 """KV events as an outsider writes and reads them, from the documented formats alone: vLLM's
 batch structs as its KV events subscriber example spells them, and the NATS frame as the
-architecture doc describes it (JSON: ``v``, ``publisher``, ``epoch``, ``seq``, ``batch`` in
-base64). No Crescent class is used here, so the tests see the format, not the code."""
+architecture doc describes it (JSON: ``v``, ``role``, ``publisher``, ``epoch``, ``seq``,
+``batch`` in base64). No Crescent class is used here, so the tests see the format, not the code."""
 
 from __future__ import annotations
 
@@ -40,10 +40,11 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False
     data_parallel_rank: int | None = None
 
 
-def frame(publisher: str, epoch: str, seq: int, events: list[Event]) -> bytes:
-    """One NATS message carrying ``events`` as frame ``seq`` of ``publisher``'s ``epoch``."""
+def frame(role: str, publisher: str, epoch: str, seq: int, events: list[Event]) -> bytes:
+    """One NATS message carrying ``events`` as frame ``seq`` of the ``epoch`` of ``publisher``,
+    a ``role``."""
     batch = msgspec.msgpack.encode(KVEventBatch(1.0, events))  # type: ignore[arg-type]
-    body = {"v": 2, "publisher": publisher, "epoch": epoch, "seq": seq}
+    body = {"v": 2, "role": role, "publisher": publisher, "epoch": epoch, "seq": seq}
     return json.dumps(body | {"batch": base64.b64encode(batch).decode()}).encode()
 
 

@@ -1,5 +1,6 @@
 """The KV events' wire format against vLLM's, as vLLM documents it (its KV events subscriber
-example spells the structs out): each side's decoder reads what the other side encodes."""
+example spells the structs out): each side's decoder reads what the other side encodes. A
+frame names its publisher's role, one of the roles that publish events."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.kv_event_feed import ChainBlock, frames, stored_events
+from shared import subjects
+from shared.kv_event_feed import ChainBlock, KvEventFeed, frames, stored_events
 from shared.kv_events import (
     MAX_FRAME_BLOCKS,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     Event,
+    KvEventFrame,
     decode_batch,
     encode_batch,
     medium_of,
     tier_of,
 )
+from shared.memory_bus import MemoryBus
+from shared.messages import encode
 from tests.kvindex.vllm_format import AllBlocksCleared as VllmCleared
 from tests.kvindex.vllm_format import BlockRemoved as VllmRemoved
 from tests.kvindex.vllm_format import BlockStored as VllmStored
@@ -134,3 +139,20 @@ def test_long_runs_are_cut_so_every_frame_stays_within_its_block_cap() -> None:
     for before, after in itertools.pairwise(chained):
         assert after.parent_block_hash == before.block_hashes[-1]
     assert batches[0][0] == AllBlocksCleared("DRAM")
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode", "tierd", "external", "gateway", "kvindex"])
+def test_a_frame_names_one_of_the_roles_that_publish_events(role: str) -> None:
+    frame = KvEventFrame(role=role, publisher="p-0", epoch="e", seq=0, batch=b"")
+    data = encode(frame)
+    if role in subjects.KV_EVENT_ROLES:
+        assert msgspec.json.decode(data, type=KvEventFrame).role == role
+    else:
+        with pytest.raises(msgspec.ValidationError, match="role"):
+            msgspec.json.decode(data, type=KvEventFrame)
+
+
+@pytest.mark.parametrize("role", ["gateway", "scheduler", "kvindex", "external.x"])
+def test_a_role_that_publishes_no_kv_events_gets_no_feed(role: str) -> None:
+    with pytest.raises(ValueError, match="publishes no KV events"):
+        KvEventFeed(MemoryBus(), role, "x-0")

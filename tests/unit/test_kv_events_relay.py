@@ -1,5 +1,6 @@
 """The relay's numbering of another engine's batches: vLLM's 8-byte sequence frame becomes
-``seq``, its payload travels unchanged, and a restart of the engine starts a new epoch."""
+``seq``, its payload travels unchanged under the external role, and a restart of the engine
+starts a new epoch."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ def test_the_engines_numbers_and_payload_are_relayed_as_they_are() -> None:
     first, second = stream.frame(seq(7), payload), stream.frame(seq(8), payload)
     assert (first.seq, second.seq) == (7, 8) and first.epoch == second.epoch
     assert first.publisher == "vllm-a" and first.batch == payload
+    # Another engine's events go out under the external role, never a Crescent one.
+    assert first.role == "external" and stream.subject == "crescent.kv.events.external.vllm-a"
     assert decode_batch(first.batch).events[0].block_hashes == [5]  # type: ignore[union-attr]
 
 

@@ -1,6 +1,6 @@
 """Writes deploy/grafana/dashboards/crescent.json, the Grafana dashboard of a Crescent
-deployment: one row per service, one for the cache, one for the alerts of deploy/alerts.yml.
-Run it after changing a panel: `python deploy/grafana/dashboard.py`."""
+deployment: one row per service (kvindex's too), one for the cache, one for the alerts of
+deploy/alerts.yml. Run it after changing a panel: `python deploy/grafana/dashboard.py`."""
 
 from __future__ import annotations
 
@@ -221,6 +221,22 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 ),
             ),
             timeseries("S3 usable", "none", ("crescent_tierd_s3_up", "{{node}}")),
+        ],
+    ),
+    (
+        "kvindex",
+        [
+            timeseries(
+                "KV event frames by outcome",
+                "none",
+                (
+                    "sum by (outcome) (rate(crescent_kvindex_frames_total[1m]))",
+                    "{{outcome}}/s",
+                ),
+                ("rate(crescent_kvindex_resyncs_asked_total[5m])", "resends asked/s"),
+            ),
+            timeseries("Blocks indexed by tier", "none", ("crescent_kvindex_blocks", "{{tier}}")),
+            timeseries("Publishers known", "none", ("crescent_kvindex_publishers", "publishers")),
         ],
     ),
     (

@@ -10,9 +10,12 @@ import functools
 from typing import Any
 
 import pytest
+import yaml
 
 from crescent.secrets_init import NATS_SECRET, role_secret_name
+from tests.deploy.kustomize import render
 from tests.deploy.test_k8s import (
+    K8S,
     by_kind,
     generated_keys,
     generated_secrets,
@@ -131,10 +134,18 @@ def network_policies() -> tuple[dict[str, Any], ...]:
     return tuple(by_kind("NetworkPolicy").values())
 
 
-def _allowed(direction: str, pod: dict[str, str], peer: dict[str, str] | None, port: int) -> bool:
+def _allowed(
+    direction: str,
+    pod: dict[str, str],
+    peer: dict[str, str] | None,
+    port: int,
+    among: tuple[dict[str, Any], ...] | None = None,
+) -> bool:
+    """Whether ``pod`` may connect to (egress) or be reached by (ingress) ``peer`` on ``port``
+    by the policies ``among`` (default: every policy under deploy/k8s)."""
     policies = [
         p
-        for p in network_policies()
+        for p in (network_policies() if among is None else among)
         if direction.capitalize() in p["spec"]["policyTypes"]
         and _selects(p["spec"]["podSelector"], pod)
     ]
@@ -157,11 +168,13 @@ def labels_of(name: str) -> dict[str, str] | None:
     return {"app.kubernetes.io/name": full}
 
 
-def reaches(source: str, target: str, port: int) -> bool:
+def reaches(
+    source: str, target: str, port: int, among: tuple[dict[str, Any], ...] | None = None
+) -> bool:
     src, dst = labels_of(source), labels_of(target)
-    egress = src is None or _allowed("egress", src, dst, port)
+    egress = src is None or _allowed("egress", src, dst, port, among)
     assert dst is not None
-    return egress and _allowed("ingress", dst, src, port)
+    return egress and _allowed("ingress", dst, src, port, among)
 
 
 ALLOWED = [
@@ -228,3 +241,51 @@ def test_kvindex_takes_queries_from_the_namespaces_pods_only() -> None:
     assert _allowed("ingress", kvindex, caller, 8091)
     assert not _allowed("ingress", kvindex, labels_of(OUTSIDE), 8091)
     assert not _allowed("ingress", kvindex, caller, 4222)
+
+
+#: The roles that speak NATS (cachemeta does not), and the kustomizations that deploy them.
+NATS_CLIENTS = ("gateway", "scheduler", "prefill", "decode", "tierd", "kvindex")
+RENDERINGS = (".", "overlays/dev", "overlays/production", "external")
+
+
+def _policies_of(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], ...]:
+    return tuple(o for o in objects if o["kind"] == "NetworkPolicy")
+
+
+@pytest.mark.parametrize("rendering", RENDERINGS)
+@pytest.mark.parametrize("role", NATS_CLIENTS)
+def test_every_nats_client_reaches_nats_in_every_rendering(role: str, rendering: str) -> None:
+    """In the cluster (the dependencies component) or outside it (external: egress to its
+    address), by the policies of that rendering alone."""
+    objects = render(K8S / rendering)
+    policies = _policies_of(objects)
+    in_cluster = any(
+        o["kind"] == "StatefulSet"
+        and o["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/name") == "nats"
+        for o in objects
+    )
+    source = labels_of(role)
+    assert source is not None
+    if in_cluster:
+        assert reaches(role, "nats", 4222, policies)
+    else:
+        assert _allowed("egress", source, labels_of(OUTSIDE), 4222, policies)
+        assert not _allowed("egress", source, labels_of(OUTSIDE), 5432, policies)
+
+
+def test_the_in_cluster_nats_admits_its_clients_by_its_own_policies() -> None:
+    """The dependencies component lets every NATS client in without help from base, which a
+    deployment may replace; cachemeta stays out."""
+    text = (K8S / "dependencies" / "network-policies.yaml").read_text()
+    own = _policies_of([d for d in yaml.safe_load_all(text) if d])
+    for role in NATS_CLIENTS:
+        assert reaches(role, "nats", 4222, own), role
+    assert not reaches("cachemeta", "nats", 4222, own)
+
+
+def test_no_external_server_is_reachable_from_cachemeta_but_postgres() -> None:
+    policies = _policies_of(render(K8S / "external"))
+    cachemeta = labels_of("cachemeta")
+    assert cachemeta is not None
+    assert _allowed("egress", cachemeta, labels_of(OUTSIDE), 5432, policies)
+    assert not _allowed("egress", cachemeta, labels_of(OUTSIDE), 4222, policies)

@@ -19,8 +19,16 @@ from tests.deploy.test_compose import ROOT, compose
 DEPLOY = ROOT / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "crescent.json"
 #: The services that serve /metrics (NATS, Postgres and S3 are not Crescent's).
-SCRAPED = ("gateway", "scheduler", "prefill", "decode", "cachemeta", "tierd")
-ROWS = ["Gateway", "Scheduler", "Prefill and decode nodes", "cachemeta", "tierd", "Cache"]
+SCRAPED = ("gateway", "scheduler", "prefill", "decode", "cachemeta", "tierd", "kvindex")
+ROWS = [
+    "Gateway",
+    "Scheduler",
+    "Prefill and decode nodes",
+    "cachemeta",
+    "tierd",
+    "kvindex",
+    "Cache",
+]
 
 TARGET = {
     "type": "object",

@@ -101,8 +101,10 @@ def _taken_message(role: str, count: int) -> str:
             f"raise {setting_name(role)} (now {count}) and run secrets-init again "
             "(`docker compose up` does), or run fewer replicas"
         )
+    elif role == "tierd":
+        remedy = "a stack runs one tierd per host"
     else:
-        remedy = f"a stack runs one {role} per host"
+        remedy = f"a stack runs one {role}"
     return f"all {count} {role} slot(s) are held by running replicas: {remedy}"
 
 

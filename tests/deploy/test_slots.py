@@ -20,6 +20,7 @@ import nats
 import nats.errors
 import pytest
 
+from crescent import slot_claim
 from crescent.secrets_init import (
     NATS_CONFIG_KEY,
     NATS_SECRET,
@@ -123,6 +124,25 @@ def test_a_killed_replicas_slot_is_taken_by_the_next(
     replicas.append(replica(folder, "decode", sys.executable, "-c", REPORT))
     assert identity(replicas[-1])["CRESCENT_NODE_ID"] == first["CRESCENT_NODE_ID"]
     assert replicas[1].poll() is None and second["CRESCENT_NODE_ID"] != first["CRESCENT_NODE_ID"]
+
+
+@pytest.mark.parametrize(
+    ("role", "said"),
+    [("kvindex", "a stack runs one kvindex"), ("tierd", "a stack runs one tierd per host")],
+)
+def test_a_second_replica_of_a_one_slot_role_is_told_how_many_run(
+    tmp_path: Path, role: str, said: str
+) -> None:
+    """A stack runs one kvindex, wherever its hosts are, and one tierd on each host."""
+    directory, locks = tmp_path / "secrets", tmp_path / "locks"
+    ensure_files(directory, compose_plan(SlotSettings(), "compose"))
+    held = slot_claim.claim(role, directory, locks)
+    try:
+        with pytest.raises(slot_claim.NoSlot) as refused:
+            slot_claim.claim(role, directory, locks)
+    finally:
+        os.close(held.lock_fd)
+    assert str(refused.value) == f"all 1 {role} slot(s) are held by running replicas: {said}"
 
 
 def test_a_role_without_slots_in_the_folder_is_refused(tmp_path: Path) -> None:

@@ -1,10 +1,11 @@
-"""Every service's /metrics during an e2e run (the session's `crescent up`): each serves the
-families operations rely on, and they move as requests go through: cached tokens rise on a
-repeated prompt, transfer bytes on a disaggregated request."""
+"""Every service's /metrics during an e2e run (the session's `crescent up`), kvindex's too:
+each serves the families operations rely on, and they move as requests go through: cached
+tokens rise on a repeated prompt, transfer bytes on a disaggregated request."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 import pytest
@@ -62,6 +63,12 @@ FAMILIES = {
         "crescent_tierd_evicted_blocks",
         "crescent_tierd_corrupt_blocks",
     },
+    "kvindex": {
+        "crescent_kvindex_frames",
+        "crescent_kvindex_resyncs_asked",
+        "crescent_kvindex_publishers",
+        "crescent_kvindex_blocks",
+    },
 }
 
 
@@ -69,8 +76,14 @@ def kind_of(name: str) -> str:
     return "node" if name.split("-")[0] in ("prefill", "decode") else name.split("-")[0]
 
 
+def every_endpoint(stack: Stack) -> dict[str, str]:
+    """The services' /metrics of stack.json's map, and kvindex's, which it lists apart."""
+    where = json.loads((stack.data_dir / "stack.json").read_text())
+    return endpoints(stack) | {"kvindex": where["kvindex_metrics"]}
+
+
 def test_every_service_serves_its_metrics(stack: Stack) -> None:
-    found = endpoints(stack)
+    found = every_endpoint(stack)
     assert {kind_of(n) for n in found} == set(FAMILIES), found
     for name, url in found.items():
         names, _ = scrape(url)

@@ -124,20 +124,24 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
         up_tierd.apply_host_defaults(env, args.data_dir.expanduser().resolve())
     roles: dict[str, dict[str, str]] = {}
     node_id = args.node_id
-    if args.secrets is not None:
-        try:
+    try:
+        if args.secrets is not None:
             roles, node_id = _from_folder(args, env)
-        except ValueError as exc:
-            raise Refused(str(exc), 2) from None
-    if node_id is None and args.role == "tierd":
-        node_id = up_tierd.node_id(env)
-    if node_id is None and args.role == "kvindex":
-        node_id = KVINDEX
+    except ValueError as exc:
+        raise Refused(str(exc), 2) from None
+    node_id = node_id or _default_id(args.role, env)
     own = {}
     if args.address and args.role in ADDRESS_SETTINGS:
         own[ADDRESS_SETTINGS[args.role]] = args.address
     argv = [sys.executable, "-m", f"services.{args.role}"]
     return argv, role_environment(env, roles, args.role, node_id, own)
+
+
+def _default_id(role: str, env: dict[str, str]) -> str | None:
+    """The id a role runs under when none is given: tierd's is its host's, kvindex has one."""
+    if role == "tierd":
+        return up_tierd.node_id(env)
+    return KVINDEX if role == "kvindex" else None
 
 
 def _from_folder(
@@ -151,6 +155,9 @@ def _from_folder(
     node_id = args.node_id
     if args.role in SCALED:
         node_id = serve_secrets.slot_of(folder, args.role, node_id)
+    node_id = node_id or _default_id(args.role, env)
+    if node_id is not None and args.role in serve_checks.NATS_ROLES:
+        serve_secrets.require_identity(folder, roles, args.role, node_id)
     if args.role == "cachemeta" and not env.get("CRESCENT_DB_URL"):
         env["CRESCENT_DB_URL"] = folder.db_url(args.db_host)
     return roles, node_id

@@ -23,9 +23,10 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from crescent import secrets_init, up_secrets
-from crescent.nats_config import KVINDEX, TOOLS, NatsAuthFiles
+from crescent.nats_config import KVINDEX, NatsAuthFiles
 from crescent.secrets_tls import TlsPaths, compose_specs
 from crescent.slots import SlotSettings, pod_nodes, read_slots
+from shared.nats_auth import TOOLS
 from shared.secrets import read_secret_file
 
 #: The NATS users that stand for a whole role here: every host's tierd shares its role's.
@@ -161,3 +162,16 @@ def slot_of(folder: SecretsFolder, role: str, given: str | None) -> str:
     if given is None:
         raise ValueError(f"--node-id is required: {folder.directory} has {role} slots {listed}")
     raise ValueError(f"--node-id {given} is not a {role} slot of {folder.directory} ({listed})")
+
+
+def require_identity(
+    folder: SecretsFolder, roles: dict[str, dict[str, str]], role: str, node_id: str
+) -> None:
+    """Gives the instance ``node_id`` of ``role`` its NATS identity: its own user or its
+    role's, as the folder has them. With neither, the password file its own user would have
+    is named, so the NATS settings refuse it by name instead of connecting without one."""
+    user = "CRESCENT_NATS_USER"
+    if user in roles.get(node_id, {}) or user in roles.get(role, {}):
+        return
+    missing = folder.file(secrets_init.nats_password_key(node_id))
+    roles[node_id] = {user: node_id, "CRESCENT_NATS_PASSWORD_FILE": str(missing)}

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,10 @@ from bench.faults import collect_logs
 from shared import subjects
 from shared.bus import NatsBus
 from shared.cluster_messages import NodeStatus
+from shared.model.tokenizer import Tokenizer
+from shared.sampling_params import SamplingParams
 from shared.tls import TlsSettings
+from tests.conftest import RealEngineFactory
 from tests.support.nats import free_port, nats_server_binary
 from tests.support.wait import wait_for_condition, wait_until
 
@@ -115,11 +119,21 @@ class Services:
         config = str(self.secrets / "nats-config")
         argv = [str(nats_server_binary()), "-c", config, "-a", HOST_A, "-p", str(port)]
         self.start("nats", [*argv, "-m", str(free_port())])
-        wait_until(lambda: _listens(HOST_A, port), "NATS on host A")
+        self.listening("nats", HOST_A, port)
         return f"nats://{HOST_A}:{port}"
 
     def running(self, name: str) -> bool:
         return self.procs[name].poll() is None
+
+    def listening(self, name: str, host: str, port: int, timeout_s: float = 300) -> None:
+        """Waits until ``name`` accepts connections at ``host:port``; fails at once, with the
+        logs, if it exits first (``crescent serve`` refusing a setting, say)."""
+
+        def up_or_gone() -> bool:
+            return _listens(host, port) or not self.running(name)
+
+        wait_until(up_or_gone, f"{name} listening at {host}:{port}", timeout_s)
+        assert self.running(name), f"{name} exited\n{self.logs()}"
 
     def stop(self, *names: str) -> None:
         chosen = names or tuple(reversed(self.procs))
@@ -140,10 +154,6 @@ class Services:
 def _listens(host: str, port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex((host, port)) == 0
-
-
-def listens(host: str, port: int) -> Callable[[], bool]:
-    return lambda: _listens(host, port)
 
 
 class Beats:
@@ -184,6 +194,18 @@ class Beats:
 
         await wait_for_condition(seen, f"{node_id}: {what}", timeout_s)
 
+    async def busiest(self, node_ids: Iterable[str], what: str, timeout_s: float = 120) -> str:
+        """Waits until one of ``node_ids`` runs a sequence; returns the one running most."""
+        nodes = list(node_ids)
+        for node_id in nodes:
+            self.latest.pop(node_id, None)
+
+        def running() -> int:
+            return sum(self.value(n, lambda s: s.running_seqs) for n in nodes)
+
+        await wait_for_condition(lambda: running() > 0, what, timeout_s)
+        return max(nodes, key=lambda n: self.value(n, lambda s: s.running_seqs))
+
     async def close(self) -> None:
         if self._bus is not None:
             await self._bus.close()
@@ -221,3 +243,23 @@ async def chats(
     client: AsyncOpenAI, model: str, prompts: list[str], max_tokens: int
 ) -> list[Reply]:
     return list(await asyncio.gather(*(chat(client, model, p, max_tokens) for p in prompts)))
+
+
+def stories(count: int) -> list[str]:
+    """Prompts no cache holds yet: a random tag opens each."""
+    tag = random.randrange(10**9)
+    topics = ("a lighthouse", "a violin", "a desert", "a robot", "a river", "a train")
+    return [f"[{tag}-{i}] Tell me a story about {topics[i % len(topics)]}." for i in range(count)]
+
+
+def one_host(
+    make_engine: RealEngineFactory, tokenizer: Tokenizer, prompts: list[str], max_tokens: int
+) -> list[str]:
+    """Each prompt's greedy answer from one engine on this host, one request at a time."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    answers = []
+    for prompt in prompts:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        out = make_engine().generate([ids], params)[0]
+        answers.append(tokenizer.decode(out.output_token_ids))
+    return answers

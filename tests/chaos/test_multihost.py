@@ -8,16 +8,16 @@ Crescent's TCP transport.
 Requests come back as one engine computes them on one host; their KV crossed the links (the
 decode nodes' received bytes grow, the links carried at least as much, and the gateway saw each
 hand-off); and a decode host whose link is cut mid-stream is a dead node: every stream finishes
-on host D as a fault-free run does.
+on the other decode host as a fault-free run does.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-import random
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,23 @@ import pytest
 from openai import AsyncOpenAI
 
 from bench import netns
+from bench.faults import Outcome, stream, tally
+from shared.cluster_messages import NodeStatus
 from shared.model.tokenizer import Tokenizer
-from shared.sampling_params import SamplingParams
 from tests.chaos import multihost
-from tests.chaos.multihost import HOST_A, HOSTS, Beats, Reply, Services, chats, listens
+from tests.chaos.multihost import (
+    HOST_A,
+    HOSTS,
+    Beats,
+    Host,
+    Reply,
+    Services,
+    chats,
+    one_host,
+    stories,
+)
 from tests.conftest import RealEngineFactory
+from tests.e2e.disaggregated import scrape, total
 from tests.support.loop import BackgroundLoop
 from tests.support.nats import free_port
 from tests.support.postgres import fresh_database, reachable, sqlalchemy_url
@@ -44,8 +56,9 @@ pytestmark = [
 ]
 
 B, C, D = HOSTS["b"], HOSTS["c"], HOSTS["d"]
-#: Each model node: its role, its host, and whether a tierd runs beside it.
+#: Each model node: its role and its host. Hosts B and C run a tierd too.
 NODES = {"prefill-0": ("prefill", B), "decode-0": ("decode", C), "decode-1": ("decode", D)}
+DECODE_NODES = ("decode-0", "decode-1")
 TIERD_HOSTS = (B, C)
 SLOTS = {
     "CRESCENT_GATEWAY_SLOTS": "1",
@@ -65,6 +78,11 @@ def settings(cache_dir: Path) -> dict[str, str]:
         "CRESCENT_KV_CACHE_MB": "256",
         "CRESCENT_HEARTBEAT_INTERVAL_S": "0.5",
         "CRESCENT_DRAIN_TIMEOUT_S": "5",
+        # The machine is shared with other work that may starve these processes for seconds:
+        # bounds wide enough that only the cut link makes a node dead.
+        "CRESCENT_HEARTBEAT_TIMEOUT_S": "10",
+        "CRESCENT_HANDOFF_TIMEOUT_S": "10",
+        "CRESCENT_GATEWAY_CHECK_S": "5",
         "CRESCENT_LOCAL_PREFILL": "false",
         # UCX over TCP alone: between namespaces of one machine its shared memory would
         # reach across, and the KV would never cross a link.
@@ -118,7 +136,7 @@ def _start_host_a(services: Services, loop: BackgroundLoop, beats: Beats, db_url
     port = free_port()
     own = {"CRESCENT_CACHEMETA_PORT": str(port), "CRESCENT_DB_URL": db_url}
     services.serve("cachemeta", "cachemeta", None, "--address", HOST_A, env=own)
-    wait_until(listens(HOST_A, port), "cachemeta on host A", 120)
+    services.listening("cachemeta", HOST_A, port)
     cachemeta_url = f"{HOST_A}:{port}"
     dial = ("--nats-url", nats_url, "--cachemeta-url", cachemeta_url)
     kvindex = {"CRESCENT_KVINDEX_PORT": str(free_port())}
@@ -128,7 +146,7 @@ def _start_host_a(services: Services, loop: BackgroundLoop, beats: Beats, db_url
     gateway = ("--nats-url", nats_url, "--address", "127.0.0.1")
     services.serve("gateway-0", "gateway", None, *gateway, env={"CRESCENT_PORT": str(api_port)})
     loop.run(beats.start(nats_url, services.secrets))
-    wait_until(listens("127.0.0.1", api_port), "the gateway on host A", 120)
+    services.listening("gateway-0", "127.0.0.1", api_port)
     api = f"http://127.0.0.1:{api_port}"
     key = (services.secrets / "api-key").read_text().strip()
     client = AsyncOpenAI(base_url=f"{api}/v1", api_key=key, max_retries=0, timeout=300)
@@ -158,7 +176,7 @@ def transfer(request: pytest.FixtureRequest, host_a: HostA) -> Iterator[str]:
     try:
         for node in NODES:
             host_a.run(host_a.beats.until(node, _serving(kind), f"serving over {kind}"), 300)
-        wait_until(lambda: _ready(host_a.api), "the gateway ready", 120)
+        wait_until(lambda: _ready(host_a.api), "the gateway ready", 300)
         yield kind
     finally:
         for host in (B, C, D):
@@ -166,11 +184,11 @@ def transfer(request: pytest.FixtureRequest, host_a: HostA) -> Iterator[str]:
         services.stop(*started)
 
 
-def _host_env(host: Any, kind: str) -> dict[str, str]:
+def _host_env(host: Host, kind: str) -> dict[str, str]:
     return {"CRESCENT_TRANSFER": kind, "UCX_NET_DEVICES": host.interface}
 
 
-def _serving(kind: str) -> Any:
+def _serving(kind: str) -> Callable[[NodeStatus], bool]:
     return lambda s: s.healthy and not s.draining and s.transfer_kind == kind
 
 
@@ -179,26 +197,6 @@ def _ready(api: str) -> bool:
         return httpx.get(f"{api}/health", timeout=5).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def stories(count: int) -> list[str]:
-    """Prompts no cache holds yet: a random tag opens each."""
-    tag = random.randrange(10**9)
-    topics = ("a lighthouse", "a violin", "a desert", "a robot", "a river", "a train")
-    return [f"[{tag}-{i}] Tell me a story about {topics[i % len(topics)]}." for i in range(count)]
-
-
-def one_host(
-    make_engine: RealEngineFactory, tokenizer: Tokenizer, prompts: list[str], max_tokens: int
-) -> list[str]:
-    """Each prompt's greedy answer from one engine on this host, one request at a time."""
-    params = SamplingParams(max_tokens=max_tokens, temperature=0)
-    answers = []
-    for prompt in prompts:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
-        out = make_engine().generate([ids], params)[0]
-        answers.append(tokenizer.decode(out.output_token_ids))
-    return answers
 
 
 def debug_view(host_a: HostA, reply: Reply) -> dict[str, Any]:
@@ -234,3 +232,57 @@ def test_requests_are_served_as_on_one_host_with_their_kv_pulled_across_hosts(
         pulled = beats.value(node, lambda s: s.kv_bytes_received) - before
         # What the node pulled came in over its host's link (the bridge's end sends it).
         assert netns.link_bytes(NODES[node][1].link, "tx") - carried[node] >= pulled
+
+
+#: Streams in flight when a decode host's link goes down: long enough to be mid-way then.
+CUT_STREAMS, CUT_TOKENS = 6, 160
+MIGRATIONS = "crescent_gateway_request_migrations_total"
+
+
+def test_a_cut_link_is_a_dead_node_whose_streams_finish_on_the_other_decode_host(
+    transfer: str, host_a: HostA, tokenizer: Tokenizer
+) -> None:
+    prompts, beats = stories(CUT_STREAMS), host_a.beats
+    moved_before = total(scrape(f"{host_a.api}/metrics")[1], MIGRATIONS)
+    cut: list[Host] = []
+
+    async def cut_the_busiest() -> int:
+        busiest = await beats.busiest(DECODE_NODES, "streams on a decode host")
+        cut.append(NODES[busiest][1])
+        netns.set_link(cut[0].link, up=False)  # nothing closes: the host just goes silent
+        return beats.value(busiest, _running)
+
+    async def streams_through_a_cut() -> tuple[list[Outcome], int]:
+        client, model = host_a.client, host_a.model
+        live = [stream(client, model, p, CUT_TOKENS) for p in prompts]
+        *outcomes, were_on_it = await asyncio.gather(*live, cut_the_busiest())
+        return outcomes, were_on_it
+
+    try:
+        outcomes, were_on_it = host_a.run(streams_through_a_cut())
+    finally:
+        for host in cut:
+            netns.set_link(host.link, up=True)
+    moved = total(scrape(f"{host_a.api}/metrics")[1], MIGRATIONS) - moved_before
+    fault_free = host_a.run(_fault_free(host_a, prompts))
+
+    got = tally(f"{cut[0].name} cut off ({transfer})", outcomes, fault_free, _ids(tokenizer))
+    assert got.errors == () and got.completed == got.sent == CUT_STREAMS, got
+    assert (got.duplicated, got.missing) == (0, 0), got
+    # Every stream the silent host ran moved to the other decode host.
+    assert moved >= were_on_it > 0
+
+
+def _running(status: NodeStatus) -> int:
+    return status.running_seqs
+
+
+async def _fault_free(host_a: HostA, prompts: list[str]) -> list[Outcome]:
+    client, model = host_a.client, host_a.model
+    outcomes = await asyncio.gather(*(stream(client, model, p, CUT_TOKENS) for p in prompts))
+    assert all(o.completed for o in outcomes), [o.error for o in outcomes]
+    return list(outcomes)
+
+
+def _ids(tokenizer: Tokenizer) -> Any:
+    return lambda text: tokenizer.encode(text, add_special_tokens=False)

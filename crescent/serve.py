@@ -25,7 +25,7 @@ from crescent.nats_config import KVINDEX
 from crescent.serve_checks import Refused
 from crescent.serve_secrets import SecretsFolder
 from crescent.slots import SCALED, SlotSettings
-from crescent.up_roles import role_environment
+from crescent.up_roles import id_variable, role_environment
 from shared.service_settings import child_environment
 
 ROLES = ("gateway", "scheduler", "prefill", "decode", "tierd", "cachemeta", "kvindex")
@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     except Refused as exc:
         sys.stderr.write(f"crescent serve {args.role}: error: {exc}\n")
         return exc.status
-    sys.stderr.write(f"crescent serve {args.role}: starting {' '.join(argv[1:])}\n")
+    who = env.get(id_variable(args.role)) or "an id of its own"
+    sys.stderr.write(f"crescent serve {args.role}: python {' '.join(argv[1:])} as {who}\n")
     sys.stderr.flush()
     os.execvpe(argv[0], argv, env)
 

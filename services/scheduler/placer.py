@@ -17,6 +17,7 @@ from services.scheduler.policy import (
     Placement,
     PlacementRequest,
     Rejection,
+    objective_applies,
     place,
     place_round_robin,
 )
@@ -119,8 +120,8 @@ class Placer:
         best = self._place(one_token, self._everywhere(1, now), now)
         if isinstance(best, Rejection):
             return 0.0  # no node at all: the scheduler answers that itself, truthfully
-        if best.predicted_wait_s <= 0:
-            return 0.0  # a node would start it at once: let in whatever it costs (policy)
+        if not objective_applies(best.predicted_wait_s):
+            return 0.0  # a node would start it at once: let in whatever it costs
         return self.expected_ttft_s(best)
 
     def expected_ttft_s(self, placement: Placement) -> float:

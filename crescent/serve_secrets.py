@@ -23,14 +23,15 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from crescent import secrets_init, up_secrets
-from crescent.nats_config import KVINDEX, NatsAuthFiles
+from crescent.nats_config import KVINDEX, RELAY, NatsAuthFiles
 from crescent.secrets_tls import TlsPaths, compose_specs
 from crescent.slots import SlotSettings, pod_nodes, read_slots
 from shared.nats_auth import TOOLS
 from shared.secrets import read_secret_file
 
-#: The NATS users that stand for a whole role here: every host's tierd shares its role's.
-ROLE_USERS = ("tierd", KVINDEX, TOOLS)
+#: The NATS users that stand for a whole role here: every host's tierd shares its role's, and
+#: every relay of another engine's KV events the relays' one.
+ROLE_USERS = ("tierd", KVINDEX, RELAY, TOOLS)
 _PASSWORD_PREFIX, _PASSWORD_SUFFIX = "nats-", "-password"
 
 
@@ -45,7 +46,7 @@ def hosts_plan(slots: SlotSettings, directory: Path) -> secrets_init.SecretPlan:
     nodes = pod_nodes(slots, prefix="")
     tls = directory.resolve() / secrets_init.TLS_DIR
     paths = TlsPaths(str(tls / "ca.pem"), str(tls / "nats.pem"), str(tls / "nats.key"))
-    certs = (*compose_specs(), secrets_init.KVINDEX_CERT)
+    certs = (*compose_specs(), secrets_init.KVINDEX_CERT, secrets_init.RELAY_CERT)
     return secrets_init.SecretPlan((*nodes, *ROLE_USERS), nodes, certs, paths)
 
 

@@ -134,7 +134,7 @@ def _start(
         model_name = _prepare_model(env.get("CRESCENT_MODEL"))
     roles, watcher, metrics = _start_backbone(args, data_dir, env, children, signals, progress)
     kv_ops = _free_port()
-    kvindex = up_kvindex.start(env, roles, data_dir / "logs", kv_place, kv_ops)
+    kvindex = up_kvindex.start(env, roles, data_dir, kv_place, kv_ops)
     children.insert(0, kvindex)  # it stops after the nodes, whose last events it may hear
     metrics["tierd"] = tierd_metrics = _free_port()
     tierd = up_tierd.start_tierd(env, roles, data_dir / "logs", tierd_metrics)
@@ -151,6 +151,7 @@ def _start(
         wait_gateway(api, children, signals)
     with progress.step("KV index ready"):
         wait_healthy(f"http://127.0.0.1:{kv_ops}/healthz", "kvindex", children, signals)
+    kv_place = up_kvindex.landed(kv_place, data_dir)
     describe(data_dir, api, env, roles.get("tierd", {}), metrics, kv_place.where(kv_ops))
     return model_name, up_kvindex.summary(kv_place, kvindex.env)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from crescent.nats_config import TOOLS, NatsAuthFiles
+from crescent.nats_config import RELAY, TOOLS, NatsAuthFiles
 from crescent.secret_files import new_secret, persistent_secret, private_dir, write_private
 from crescent.up_kvindex import NAME as KVINDEX
 from crescent.up_tierd import node_id as tierd_id
@@ -41,13 +41,15 @@ def apply_defaults(env: dict[str, str], directory: Path) -> None:
 
 def stack_nodes(env: dict[str, str], schedulers: int, prefill: int, decode: int) -> dict[str, str]:
     """Every service instance the stack runs, node id -> role: each gets a NATS user of its
-    own, named by that id."""
+    own, named by that id; and the user the relays of other engines' KV events share, which
+    the stack starts none of (an operator runs one beside a vLLM engine)."""
     nodes = {GATEWAY_ID: "gateway"}
     nodes |= {f"scheduler-{i}": "scheduler" for i in range(schedulers)}
     nodes |= {f"prefill-{i}": "prefill" for i in range(prefill)}
     nodes |= {f"decode-{i}": "decode" for i in range(decode)}
     nodes[tierd_id(env)] = "tierd"
     nodes[KVINDEX] = KVINDEX
+    nodes[RELAY] = RELAY
     return nodes
 
 
@@ -55,7 +57,7 @@ def nats_identities(env: dict[str, str], auth: NatsAuthFiles) -> dict[str, dict[
     """Each instance's NATS user and password file (by node id), for a NATS of our own."""
     for name in _NATS_CREDENTIALS:
         env.pop(name, None)
-    return {user: auth.env(user) for user in auth.password_files if user != TOOLS}
+    return {user: auth.env(user) for user in auth.password_files if user not in (TOOLS, RELAY)}
 
 
 def cachemeta_token(env: dict[str, str], directory: Path) -> dict[str, str]:

@@ -144,7 +144,7 @@ class StepSample(msgspec.Struct, array_like=True):
 
 class NodeStatus(WireMessage, kw_only=True):
     """A service's heartbeat: who it is, whether it takes work, where to pull from it, and how
-    loaded it is. Schedulers and gateways send one too (role and liveness only).
+    loaded it is. Schedulers, gateways and kvindex send one too (role and liveness only).
 
     ``epoch`` changes whenever the process restarts, so a peer can tell a restarted node from
     the one that held its request. ``healthy`` False: the node's engine is stuck or broken and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Self
 
 from pydantic import Field, model_validator
@@ -24,6 +25,25 @@ class KvIndexSettings(NatsAuthSettings, CacheMetaTokenSettings):
     kvindex_host: str = Field(default="127.0.0.1", description="interface of the prefix queries")
     kvindex_port: int = Field(
         default=8091, ge=0, le=65535, description="HTTP port of the prefix queries; 0: any"
+    )
+    kvindex_port_fallback: bool = Field(
+        default=False,
+        description="when the query port is taken, listen on any free one instead (crescent "
+        "up's default); the port used is logged and written to kvindex_port_file",
+    )
+    kvindex_port_file: Path | None = Field(
+        default=None, description="once listening, write the query port to this file"
+    )
+    kvindex_max_blocks_per_view: int = Field(
+        default=1 << 20,
+        ge=1,
+        description="most blocks kept of one publisher's tier; past it the oldest are dropped "
+        "and that publisher's answers say complete: false",
+    )
+    kvindex_max_publishers: int = Field(
+        default=1024,
+        ge=1,
+        description="most publishers indexed at once; others' events are refused",
     )
     kvindex_resync_s: float = Field(
         default=5.0,

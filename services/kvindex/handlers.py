@@ -20,8 +20,8 @@ log = logging.getLogger(__name__)
 class KvEventHandlers:
     """Translates each frame into a fold of the index, and a fold's resync into a request to
     the publisher. Owns the tallies of frames by outcome (``folded``, ``replayed``,
-    ``malformed``, ``misaddressed``) and of the resend requests sent. Invariant: the index
-    names each publisher by the role and id of the subject its frames came on
+    ``malformed``, ``misaddressed``, ``refused``) and of the resend requests sent. Invariant:
+    the index names each publisher by the role and id of the subject its frames came on
     (``subjects.kv_publisher``), so one role's frames never reach another role's views."""
 
     def __init__(
@@ -51,6 +51,15 @@ class KvEventHandlers:
             return
         name = subjects.kv_publisher(frame.role, frame.publisher)
         folded = self.index.fold(name, frame.epoch, frame.seq, batch, self.clock())
+        if folded.refused:
+            self.frames["refused"] += 1
+            if self.frames["refused"] % 1000 == 1:  # a warning, not one per frame
+                log.warning(
+                    "KV events of %s refused: %d publishers indexed already",
+                    name,
+                    len(self.index.publishers),
+                )
+            return
         self.frames["folded" if folded.applied else "replayed"] += 1
         if folded.resync:
             await self.ask_resend(frame.role, frame.publisher, folded.resync)

@@ -10,6 +10,11 @@ How frames are trusted. Frames of one publisher's epoch are numbered 0, 1, 2, ..
   is forgotten and a resend is asked for. Until it comes, events are ignored except for the
   tiers the publisher has cleared since (``AllBlocksCleared`` names one tier, or every tier).
 - A number already folded (a replay) is ignored.
+
+How memory is bounded. A publisher's tier holds at most ``max_blocks_per_view`` blocks: past
+that, its oldest stored blocks are dropped from the view (the index then under-reports, never
+over-reports, and says the view is not complete). At most ``max_publishers`` publishers are
+indexed at once; frames of another are refused until one is forgotten.
 """
 
 from __future__ import annotations
@@ -25,16 +30,22 @@ Key = bytes | int
 
 @dataclass(slots=True)
 class TierView:
-    """One publisher's blocks in one tier. Invariant: ``blocks`` maps exactly the hashes stored
-    and not removed or cleared since, each to (its parent's hash, its tokens)."""
+    """One publisher's blocks in one tier. Invariant: ``blocks`` maps the hashes stored and not
+    removed or cleared since, each to (its parent's hash, its tokens), oldest stored first,
+    except the ``trimmed`` oldest ones dropped to keep within the cap."""
 
     blocks: dict[Key, tuple[Key | None, int]] = field(default_factory=dict)
+    trimmed: int = 0
 
-    def store(self, event: BlockStored) -> None:
+    def store(self, event: BlockStored, cap: int) -> None:
         parent = event.parent_block_hash
         for key in event.block_hashes:
+            self.blocks.pop(key, None)  # stored again: now the newest
             self.blocks[key] = (parent, event.block_size)
             parent = key
+        while len(self.blocks) > cap:
+            del self.blocks[next(iter(self.blocks))]
+            self.trimmed += 1
 
     def remove(self, keys: Sequence[Key]) -> None:
         for key in keys:
@@ -57,14 +68,22 @@ class PublisherView:
     def accepts(self, tier: str) -> bool:
         return self.resent is None or tier in self.resent
 
+    @property
+    def whole(self) -> bool:
+        """Whether the view holds every block the publisher does (no gap, no late join, no
+        block dropped for the cap)."""
+        return self.complete and not any(t.trimmed for t in self.tiers.values())
+
 
 @dataclass(frozen=True, slots=True)
 class Folded:
-    """What folding one frame did: ``applied`` False for a replayed frame; ``resync`` is why
-    the publisher should resend every tier, or "" when it need not be asked now."""
+    """What folding one frame did: ``applied`` False for a replayed frame or one ``refused``
+    (a publisher past the cap on publishers); ``resync`` is why the publisher should resend
+    every tier, or "" when it need not be asked now."""
 
     applied: bool
     resync: str = ""
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +106,26 @@ class PublisherMatch:
 class KvIndex:
     """Owns every publisher's view, keyed by the publisher's name (its role and id, as the
     handlers give it). Invariant: each view is what its folded frames say, under the trust
-    rules of this module; ``resync_after_s`` spaces the resend requests of one publisher that
-    stays out of step."""
+    rules of this module, within the caps on blocks per view and on publishers;
+    ``resync_after_s`` spaces the resend requests of one publisher that stays out of step."""
 
-    def __init__(self, resync_after_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        resync_after_s: float = 5.0,
+        max_blocks_per_view: int = 1 << 20,
+        max_publishers: int = 1024,
+    ) -> None:
         self.publishers: dict[str, PublisherView] = {}
         self.resync_after_s = resync_after_s
+        self.max_blocks_per_view = max_blocks_per_view
+        self.max_publishers = max_publishers
 
     def fold(self, publisher: str, epoch: str, seq: int, batch: KVEventBatch, now: float) -> Folded:
         """Folds frame ``seq`` of ``publisher``'s ``epoch``."""
         view = self.publishers.get(publisher)
         reason = ""
+        if view is None and len(self.publishers) >= self.max_publishers:
+            return Folded(False, refused=True)
         if view is None or view.epoch != epoch:
             view = self.publishers[publisher] = PublisherView(epoch, seq - 1, complete=seq == 0)
             reason = "" if seq == 0 else f"joined at frame {seq}"
@@ -134,7 +162,7 @@ class KvIndex:
         if not view.accepts(tier):
             return
         if isinstance(event, BlockStored):
-            view.tiers.setdefault(tier, TierView()).store(event)
+            view.tiers.setdefault(tier, TierView()).store(event, self.max_blocks_per_view)
         elif tier in view.tiers:
             view.tiers[tier].remove(event.block_hashes)
 
@@ -151,7 +179,7 @@ class KvIndex:
             tiers = {t: m for t, m in tiers.items() if m.blocks}
             if tiers:
                 longest = _leading(keys, list(view.tiers.values()))
-                found.append(PublisherMatch(name, longest, tiers, view.complete))
+                found.append(PublisherMatch(name, longest, tiers, view.whole))
         return sorted(found, key=lambda m: (-m.longest.blocks, m.publisher))
 
 

@@ -5,11 +5,13 @@ and the ops port."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import socket
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -48,7 +50,11 @@ class KvIndexService:
 
     def __init__(self, settings: KvIndexSettings, bus: Bus | None = None) -> None:
         self.settings = settings
-        self.index = KvIndex(settings.kvindex_resync_s)
+        self.index = KvIndex(
+            settings.kvindex_resync_s,
+            settings.kvindex_max_blocks_per_view,
+            settings.kvindex_max_publishers,
+        )
         self.registry = CollectorRegistry()
         self.lifecycle = Lifecycle("kvindex", self.registry)
         self._bus = bus
@@ -60,9 +66,11 @@ class KvIndexService:
     async def start(self) -> None:
         s, life = self.settings, self.lifecycle
         # Bound before anything else: a taken port fails the start, not a task.
-        self._socket = sock = socket.create_server((s.kvindex_host, s.kvindex_port))
+        self._socket = sock = _listen(s.kvindex_host, s.kvindex_port, s.kvindex_port_fallback)
         life.on_stop("http socket", sock.close)
         self.port = sock.getsockname()[1]
+        if s.kvindex_port_file is not None:
+            _write_port(s.kvindex_port_file, self.port)
         if self._bus is None:
             name = f"crescent-{s.node_id}"
             self._bus = await NatsBus.connect(s.nats_url, name, **s.connect_options())
@@ -117,6 +125,27 @@ class KvIndexService:
     async def stop(self) -> None:
         """Ends the HTTP task, then runs the steps ``start`` registered, last started first."""
         await self.lifecycle.stop()
+
+
+def _listen(host: str, port: int, fallback: bool) -> socket.socket:
+    """The query socket on ``host:port``; with ``fallback``, on a free port when that one is
+    taken (two stacks starting at once may both have seen the default free)."""
+    try:
+        return socket.create_server((host, port))
+    except OSError as exc:
+        if not fallback or exc.errno != errno.EADDRINUSE:
+            raise
+    sock = socket.create_server((host, 0))
+    log.warning("port %d is taken; kvindex listens on %d", port, sock.getsockname()[1])
+    return sock
+
+
+def _write_port(path: Path, port: int) -> None:
+    """Writes ``port`` whole or not at all: a reader never sees half a number."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(f"{port}\n")
+    partial.replace(path)
 
 
 def main() -> None:

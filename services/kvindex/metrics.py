@@ -1,5 +1,5 @@
 """kvindex's Prometheus view, read at scrape time: frames by outcome, resend requests, and
-the publishers and blocks the index holds."""
+the publishers and blocks the index holds (and those it dropped for its cap)."""
 
 from __future__ import annotations
 
@@ -36,10 +36,19 @@ class KvIndexMetrics(Collector):
         blocks = GaugeMetricFamily(
             "crescent_kvindex_blocks", "blocks indexed, by tier", labels=["tier"]
         )
+        trimmed = GaugeMetricFamily(
+            "crescent_kvindex_trimmed_blocks",
+            "blocks of the current views dropped to keep within the cap per view, by tier",
+            labels=["tier"],
+        )
         per_tier: dict[str, int] = {}
+        trimmed_per_tier: dict[str, int] = {}
         for view in views.values():
             for tier, tier_view in view.tiers.items():
                 per_tier[tier] = per_tier.get(tier, 0) + len(tier_view.blocks)
+                trimmed_per_tier[tier] = trimmed_per_tier.get(tier, 0) + tier_view.trimmed
         for tier, count in sorted(per_tier.items()):
             blocks.add_metric([tier], count)
+            trimmed.add_metric([tier], trimmed_per_tier[tier])
         yield blocks
+        yield trimmed

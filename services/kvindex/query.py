@@ -13,8 +13,9 @@ An answer names each publisher holding the prompt's first block by its role and 
 ``tiers`` gives, per tier, the leading blocks held there (what cachemeta's MatchPrefix says of
 the same holder); ``longest_matched`` (tokens, Mooncake's name) and ``matched_blocks`` count
 the leading blocks held in any of the publisher's tiers. ``complete`` is False while the
-index may lack some of the publisher's blocks (it joined late, or lost events and waits for
-the resend). Publishers and tiers that hold no leading block are left out.
+index may lack some of the publisher's blocks (it joined late, lost events and waits for the
+resend, or dropped its oldest blocks to keep within ``CRESCENT_KVINDEX_MAX_BLOCKS_PER_VIEW``).
+Publishers and tiers that hold no leading block are left out.
 """
 
 from __future__ import annotations
@@ -82,14 +83,16 @@ def answer(matches: Sequence[PublisherMatch], num_blocks: int) -> dict[str, Any]
 
 def publishers(views: dict[str, PublisherView]) -> dict[str, Any]:
     """The JSON document of what the index holds of each publisher: its epoch, the last frame
-    folded, whether it is complete or waiting for a resend, and its blocks per tier."""
+    folded, whether it is complete or waiting for a resend, its blocks per tier and how many
+    of its oldest blocks were dropped for the cap."""
     return {
         name: {
             "epoch": view.epoch,
             "last_seq": view.last_seq,
-            "complete": view.complete,
+            "complete": view.whole,
             "awaiting_resend": view.resent is not None,
             "tiers": {t: len(v.blocks) for t, v in sorted(view.tiers.items())},
+            "trimmed": {t: v.trimmed for t, v in sorted(view.tiers.items()) if v.trimmed},
         }
         for name, view in sorted(views.items())
     }

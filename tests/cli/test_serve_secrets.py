@@ -61,7 +61,9 @@ def test_each_slot_is_a_nats_user_and_every_hosts_tierd_shares_one(tmp_path: Pat
     assert make(folder).returncode == 0
     users = set(SecretsFolder(folder).nats_auth().password_files)
     slots = {"gateway-0", "scheduler-0", "prefill-0", "prefill-1"}
-    assert users == slots | {"decode-0", "decode-1", "decode-2", "tierd", "kvindex", "tools"}
+    shared = {"tierd", "kvindex", "kvindex-relay", "tools"}
+    assert users == slots | {"decode-0", "decode-1", "decode-2"} | shared
+    assert (folder / "tls" / "kvindex-relay.pem").is_file()  # a relay's client certificate
     assert SecretsFolder(folder).slots("decode") == ["decode-0", "decode-1", "decode-2"]
     config = (folder / "nats-config").read_text()
     for user in users:

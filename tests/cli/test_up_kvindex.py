@@ -1,4 +1,5 @@
-"""Where `crescent up` puts kvindex: 8091 when free and nothing else is asked for, a free port
+"""Where `crescent up` puts kvindex: 8091 when free and nothing else is asked for (kvindex
+falling back to a free port should another stack take it first, and saying which), a free port
 when 8091 is taken (a second stack still starts), exactly the configured port otherwise, and a
 taken or malformed one refused with the variable to change. What it tells of the token."""
 
@@ -7,11 +8,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from crescent import up_kvindex
-from crescent.up_kvindex import KvIndexPlace, place, summary
+from crescent.up_kvindex import KvIndexPlace, landed, place, summary
 from crescent.up_port import PortTaken
 
 
@@ -33,7 +35,7 @@ def released() -> int:
 
 def test_the_default_port_when_free_else_a_free_one(held: int) -> None:
     free = released()
-    assert place({}, lambda: 1, default=free) == KvIndexPlace("127.0.0.1", free)
+    assert place({}, lambda: 1, default=free) == KvIndexPlace("127.0.0.1", free, fallback=True)
     assert place({}, lambda: 41234, default=held) == KvIndexPlace("127.0.0.1", 41234)
     assert up_kvindex.DEFAULT_PORT == 8091
 
@@ -63,6 +65,8 @@ def test_the_children_environment_names_the_place_and_the_summary_the_token() ->
     where = KvIndexPlace("::1", 8091)
     assert where.url == "http://[::1]:8091"
     assert where.env() == {"CRESCENT_KVINDEX_HOST": "::1", "CRESCENT_KVINDEX_PORT": "8091"}
+    falls_back = KvIndexPlace("::1", 8091, fallback=True).env()
+    assert falls_back["CRESCENT_KVINDEX_PORT_FALLBACK"] == "true"
     assert where.where(9123) == {
         "kvindex": "http://[::1]:8091",
         "kvindex_metrics": "http://127.0.0.1:9123/metrics",
@@ -74,3 +78,10 @@ def test_the_children_environment_names_the_place_and_the_summary_the_token() ->
     by_value = summary(where, {"CRESCENT_CACHEMETA_TOKEN": secret})
     assert "CRESCENT_CACHEMETA_TOKEN" in by_value and secret not in by_value
     assert "no token" in summary(where, {})
+
+
+def test_where_kvindex_landed_is_the_port_it_wrote(tmp_path: Path) -> None:
+    where = KvIndexPlace("127.0.0.1", 8091, fallback=True)
+    assert landed(where, tmp_path) == where  # nothing written: as asked
+    (tmp_path / up_kvindex.PORT_FILE).write_text("41235\n")
+    assert landed(where, tmp_path) == KvIndexPlace("127.0.0.1", 41235)

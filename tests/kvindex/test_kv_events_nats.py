@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 import nats
@@ -223,3 +225,25 @@ def test_queries_need_the_token_once_one_is_configured(nats_url: str) -> None:
             assert reply.status_code == 200 and reply.json()["instances"] == {}
 
     asyncio.run(scenario())
+
+
+def test_a_taken_port_falls_back_only_when_asked_and_the_port_taken_is_written(
+    nats_url: str, tmp_path: Path
+) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        port_file = tmp_path / "run" / "kvindex.port"
+
+        async def scenario() -> None:
+            with pytest.raises(OSError, match="in use"):
+                async with running_index(nats_url, kvindex_port=taken):
+                    pass
+            fallback = {"kvindex_port_fallback": True, "kvindex_port_file": port_file}
+            async with running_index(nats_url, kvindex_port=taken, **fallback) as (service, http):
+                assert service.port != taken
+                assert port_file.read_text() == f"{service.port}\n"
+                assert (await http.get("/v1/kv/publishers")).status_code == 200
+
+        asyncio.run(scenario())

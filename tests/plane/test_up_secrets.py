@@ -13,7 +13,7 @@ import nats.errors
 import pytest
 
 from crescent import up, up_secrets
-from crescent.nats_config import TOOLS
+from crescent.nats_config import RELAY, TOOLS
 from crescent.processes import stop_all
 from shared import subjects
 from shared.rpc.client import CacheMetaClient, CacheMetaError
@@ -73,7 +73,7 @@ def test_the_embedded_nats_takes_only_its_users(tmp_path: Path) -> None:
         for user, identity in identities.items():
             path = Path(identity["CRESCENT_NATS_PASSWORD_FILE"])
             assert identity["CRESCENT_NATS_USER"] == user and mode(path) == 0o600
-        assert mode(auth.config) == 0o600
+        assert mode(auth.config) == 0o600 and mode(auth.password_files[RELAY]) == 0o600
 
         async def scenario() -> None:
             with pytest.raises(nats.errors.Error, match="Authorization Violation"):
@@ -82,6 +82,9 @@ def test_the_embedded_nats_takes_only_its_users(tmp_path: Path) -> None:
             await watcher.subscribe(subjects.HEARTBEATS_ALL)
             await watcher.flush()
             await watcher.close()
+            # No child is the relays' user: it is there for a relay an operator runs.
+            relay = await nats.connect(url, **auth.connect_options(RELAY))
+            await relay.close()
 
         asyncio.run(scenario())
     finally:

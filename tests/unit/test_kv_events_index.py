@@ -132,3 +132,29 @@ def test_integer_hashes_of_another_engine_are_matched_as_given() -> None:
     assert match.tiers == {"gpu": TierMatch(2, 4)}
     assert index.publishers["vllm-0"].tiers["gpu"].blocks[11] == (None, 2)
     assert index.forget("vllm-0") and index.match([11]) == []
+
+
+def test_a_view_past_its_cap_drops_its_oldest_blocks_and_says_it_is_not_complete() -> None:
+    index = KvIndex(max_blocks_per_view=3)
+    stream = Stream(index)
+    stream.send(stored([1, 2, 3], 0))
+    stream.send(stored([1], 0))  # stored again: the newest now, so 2 is the oldest
+    stream.send(stored([4, 5], 3))
+    view = index.publishers["p1"]
+    assert list(view.tiers["dram"].blocks) == [h(1), h(4), h(5)]
+    assert view.tiers["dram"].trimmed == 2 and not view.whole and view.complete
+    (match,) = index.match([h(1), h(2)])
+    assert match.longest.blocks == 1 and not match.complete  # under-reported, never over
+    stream.send(AllBlocksCleared(None))
+    assert index.publishers["p1"].whole  # a cleared publisher is whole again
+
+
+def test_a_publisher_past_the_cap_on_publishers_is_refused_until_one_is_forgotten() -> None:
+    index = KvIndex(max_publishers=1)
+    Stream(index, "p1").send(stored([1], 0))
+    late = Stream(index, "p2")
+    folded = index.fold("p2", "e1", 0, KVEventBatch(1.0, [stored([1], 0)]), 0.0)
+    assert folded.refused and not folded.applied and set(index.publishers) == {"p1"}
+    Stream(index, "p1", epoch="e2").send(stored([2], 0))  # a known one starts a new epoch
+    assert index.forget("p1")
+    assert late.send(stored([7], 0)) == "" and set(index.publishers) == {"p2"}

@@ -20,6 +20,12 @@ class CliSettings(ServiceSettings):
     s3_endpoint: str = Field(default="", description="an S3 server of the deployment")
     served_model_name: str = Field(default="", description="the name clients give the model")
     host_id: str = Field(default="", description="this machine's name")
+    node_nice: int = Field(
+        default=10,
+        ge=0,
+        le=19,
+        description="`crescent up`'s CPU priority of the model nodes and their scheduling group",
+    )
 
     def up_folder(self) -> Path:
         """`crescent up`'s logs, catalogue and secrets: ``CRESCENT_DATA_DIR``, else

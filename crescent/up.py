@@ -27,9 +27,6 @@ from crescent.up_roles import role_environment
 from crescent.up_stop import Stopped, StopSignals
 from shared.service_settings import child_environment
 
-#: CPU priority of the model nodes below the control plane (``bench/overload.py``).
-NODE_NICE = 10
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address the gateway listens on")
@@ -316,6 +313,7 @@ def _start_services(
     """The gateway, the schedulers and the nodes; each but the gateway (whose /metrics is on
     its API port) gets a free port for its ops endpoints, recorded in ``metrics``."""
     python = sys.executable
+    node_nice = CliSettings().node_nice
 
     def ops(name: str) -> dict[str, str]:
         metrics[name] = _free_port()
@@ -338,5 +336,5 @@ def _start_services(
             argv = [python, "-m", f"services.{role}"]
             # The nodes may take every core they can get, but never ahead of the gateway,
             # the schedulers and NATS: a refusal or a hand-off must not wait behind a step.
-            children.append(spawn(name, argv, node_env, log_dir, nice=NODE_NICE))
+            children.append(spawn(name, argv, node_env, log_dir, nice=node_nice))
     return children

@@ -224,7 +224,7 @@ class LLMEngine:
             if plan.is_empty():
                 return []
             context = sum(c.seq.num_computed_tokens for c in plan.chunks)
-        self.threads.begin(any(c.num_new > 1 for c in plan.chunks))
+        self.threads.begin(op_by_op=not self.runner.fuses(plan))
         started = time.perf_counter()
         try:
             sampled, failed = self._execute(plan)

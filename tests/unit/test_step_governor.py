@@ -1,6 +1,8 @@
-"""The prompt-step thread governor: one thread while cores are taken, back to all after."""
+"""The thread governor of op-by-op steps: one thread while cores are taken, back to all after."""
 
 from __future__ import annotations
+
+import torch
 
 from shared.engine.step_governor import (
     FIRST_STRETCH,
@@ -8,6 +10,7 @@ from shared.engine.step_governor import (
     MAX_DELAY_SHARE,
     StepGovernor,
 )
+from shared.engine.step_threads import StepThreads
 
 
 def contended(governor: StepGovernor, threads: int = 2) -> None:
@@ -57,3 +60,21 @@ def test_one_thread_and_short_steps_teach_nothing() -> None:
     governor.record(2, wall_s=0.001, delayed_s=0.001)
     assert governor.threads(2) == 2 and governor.contended_steps == 0
     assert governor.threads(1) == 1
+
+
+def test_only_op_by_op_steps_are_governed() -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        threads = StepThreads()
+        threads.begin(op_by_op=True)
+        threads.end(1.0)
+        contended(threads.governor)  # a core was taken during an op-by-op step
+        threads.begin(op_by_op=False)  # a fused step keeps its team: its kernel governs itself
+        assert torch.get_num_threads() == 2
+        threads.end(0.05)
+        threads.begin(op_by_op=True)
+        assert torch.get_num_threads() == 1
+        threads.end(0.05)
+    finally:
+        torch.set_num_threads(before)

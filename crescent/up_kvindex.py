@@ -6,8 +6,8 @@ starts when taken. Unset, it is 8091 when free, else a free port: a second stack
 machine must not fail for want of a port that only tools query. kvindex itself falls back
 (two stacks starting at once may both see 8091 free) and writes the port it took to
 ``<data dir>/kvindex.port``; where it landed is in ``stack.json`` and in the lines that say
-the stack serves. Callers present the catalogue's
-token, the stack's ``secrets/cachemeta.token`` unless the environment names another.
+the stack serves. Callers present the catalogue's token, the stack's
+``secrets/cachemeta.token`` unless the environment names another.
 """
 
 from __future__ import annotations

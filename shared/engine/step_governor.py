@@ -1,19 +1,19 @@
 """How many threads a step that runs op by op runs on, from how the last ones went. Pure: the
 engine feeds it each step's wall and CPU seconds.
 
-Every prompt step runs op by op, and so does every decode step where the fused decode call
-does not load (a CPU without AVX-512, a model it does not cover). Such a step runs a few
-hundred parallel regions (every projection, norm and attention of
-every layer), each ending when its slowest thread does. When a process outside Crescent's
-core ledger (a build, a test runner, another service) takes one of the cores, a thread that
-lost it finishes its share a scheduler time slice later, at every region: a 48-token prompt
-was measured taking 2.5 to 6.6 s on two threads that way, and 0.11 s on one; op-by-op
-decode of 32 tokens, 19.1 s on two threads beside a busy loop against 4.2 s on one. The kernel says
-so directly: the time the stepping thread spent runnable but waiting for a core (its run
-delay, ``/proc/thread-self/schedstat``), which is nil while the cores are its own. After a
-step that waited more than ``MAX_DELAY_SHARE`` of its time, the next op-by-op steps run on
-one thread, for a stretch that doubles each time sharing fails again and starts over once a
-shared step runs clean (as the fused decode step's own governor does).
+Every prompt step runs op by op, and so does every decode step where the fused decode call does
+not load (a CPU without AVX-512, a model it does not cover). Such a step runs a few hundred
+parallel regions (every projection, norm and attention of every layer), each ending when its
+slowest thread does. When a process outside Crescent's core ledger (a build, a test runner,
+another service) takes one of the cores, a thread that lost it finishes its share a scheduler
+time slice later, at every region: a 48-token prompt was measured taking 2.5 to 6.6 s on two
+threads that way, and 0.11 s on one; a prompt with 32 op-by-op decode steps 3.27x its idle time
+on two threads, 1.32x governed (``bench/prompt_threads.py --decode 32``). The kernel says so
+directly: the time the stepping thread spent runnable but waiting for a core (its run delay,
+``/proc/thread-self/schedstat``), which is nil while the cores are its own. After a step that
+waited more than ``MAX_DELAY_SHARE`` of its time, the next op-by-op steps run on one thread, for
+a stretch that doubles each time sharing fails again and starts over once a shared step runs
+clean (as the fused decode step's own governor does).
 """
 
 from __future__ import annotations

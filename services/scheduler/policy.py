@@ -187,13 +187,15 @@ def place_round_robin(
     return _finish(request, view, now, cost, lambda: [cost], terms)
 
 
-def objective_applies(wait_s: float) -> bool:
+def objective_applies(wait_s: float, slo_s: float | None = None) -> bool:
     """Whether the TTFT objective may refuse a request its prefill node starts after
     ``wait_s``. It refuses waiting, not compute: a request a node would start at once is let
     in whatever its compute is predicted to take. Refusing it could not make it sooner, and a
     step fit that overestimates (a cold first step, a busy spell of the host) would refuse
-    every request and so never see the step that corrects it."""
-    return wait_s > 0
+    every request and so never see the step that corrects it. An objective already spent
+    when the request is placed (``slo_s`` 0: its deadline has passed) no node can meet: it
+    refuses whatever the wait."""
+    return wait_s > 0 or (slo_s is not None and slo_s <= 0)
 
 
 def _finish(
@@ -210,7 +212,7 @@ def _finish(
     slo_s = None if terms.resumed else terms.ttft_slo_s
     # The objective is checked against the prediction as the node's measured misses stretch it.
     expected_s = chosen.ttft_s * view.calibration.scale(chosen.node_id)
-    if slo_s is not None and expected_s > slo_s and objective_applies(chosen.wait_s):
+    if slo_s is not None and expected_s > slo_s and objective_applies(chosen.wait_s, slo_s):
         reason = (
             f"The predicted time to first token ({expected_s:.2f} s) exceeds the service "
             f"objective of {slo_s:.2f} s; the servers are overloaded, retry later."

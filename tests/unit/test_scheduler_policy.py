@@ -256,6 +256,12 @@ def test_a_request_an_idle_node_would_start_is_let_in_past_the_objective() -> No
     assert isinstance(decision, Placement) and decision.predicted_ttft_s > 0.001
 
 
+def test_an_objective_already_spent_is_refused_even_on_an_idle_node() -> None:
+    v = view(node("p", "prefill"), node("d", "decode"))
+    decision = place(PlacementRequest(1000, 8), v, [], NOW, slo_s=0.0)
+    assert isinstance(decision, Rejection) and decision.cause == "ttft_slo"
+
+
 def test_decode_prefers_a_node_with_room() -> None:
     # SMALL needs 4 blocks. By the end of its 74 ms prefill d2 has made 3 steps of 20 ms, and
     # its 9 sequences' 27 new tokens took a fifth block: 4 of its 5 free blocks remain.

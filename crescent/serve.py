@@ -127,10 +127,11 @@ def prepare(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     node_id = args.node_id
     try:
         if args.secrets is not None:
-            roles, node_id = _from_folder(args, env)
+            roles, node_id = _from_folder(args, env)  # the default id applied there
+        else:
+            node_id = node_id or _default_id(args.role, env)
     except ValueError as exc:
         raise Refused(str(exc), 2) from None
-    node_id = node_id or _default_id(args.role, env)
     own = {}
     if args.address and args.role in ADDRESS_SETTINGS:
         own[ADDRESS_SETTINGS[args.role]] = args.address

@@ -168,40 +168,73 @@ def test_a_long_prompt_asked_again_comes_from_the_cache(gstack: GlobalStack) -> 
     assert warm.cached_tokens >= 0.9 * warm.prompt_tokens, (warm, placements(gstack))
 
 
-def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStack) -> None:
+@dataclass
+class Staged:
+    """One staging of a question sent beside a long extension of the same cached prefix."""
+
+    warm: Answer
+    extension: Answer
+    pulled: Answer
+    received: int  # KV bytes the prefill nodes received meanwhile
+    computed: dict[str, int]  # prompt tokens each prefill node computed meanwhile
+
+    @property
+    def on_two_nodes(self) -> bool:
+        return sum(1 for n in self.computed.values() if n > 0) > 1
+
+
+def stage_beside_an_extension(gs: GlobalStack, topic: str, extension_lines: int) -> Staged:
     """A prefix cached on one prefill node; then two requests on it at once: a long extension
-    that keeps a node busy, and a question, which that node refuses while it computes (one
-    prompt at a time in this stack). So one node works on a prefix it does not hold: it must
-    pull it (bytes received) and compute only the tokens no node had (prompt tokens
-    computed, summed over the nodes, are exactly the uncached ones)."""
-    client = gstack.client()
-    shared = document("mountains", 50)
-    known = num_replicas(gstack)
+    that keeps a node busy, and a question sent once a beat shows that node computing."""
+    client = gs.client()
+    shared = document(topic, 50)
+    known = num_replicas(gs)
     warm = ask(client, shared, max_tokens=1)
-    wait_catalogued(gstack, known + (warm.prompt_tokens - 1) // 32)
-    before = prefill_counters(gstack)
+    wait_catalogued(gs, known + (warm.prompt_tokens - 1) // 32)
+    before = prefill_counters(gs)
     with ThreadPoolExecutor(1) as pool:
-        placed = num_placed(gstack)
-        busy = pool.submit(ask, client, shared + " " + document("glaciers", 150), 1)
+        placed = num_placed(gs)
+        extension = shared + " " + document(f"{topic} glaciers", extension_lines)
+        busy = pool.submit(ask, client, extension, 1)
         # Placed (accepted by its node), so computing: its first token is still far off.
-        wait_until(lambda: num_placed(gstack) > placed, "the extension placed")
-        # The question is sent while the extension computes: a beat shows its node busy.
-        asyncio.run(a_prefill_node_busy(gstack))
-        question = shared + " Which note mentions entry 5?"
-        pulled = ask(client, question)
-        extension = busy.result(timeout=300)
-    after = prefill_counters(gstack)
+        wait_until(lambda: num_placed(gs) > placed, "the extension placed")
+        asyncio.run(a_prefill_node_busy(gs))
+        pulled = ask(client, shared + " Which note mentions entry 5?")
+        extended = busy.result(timeout=300)
+    after = prefill_counters(gs)
     received = sum(after[n].kv_bytes_received - before[n].kv_bytes_received for n in after)
-    computed = sum(
-        after[n].prompt_tokens_computed - before[n].prompt_tokens_computed for n in after
-    )
+    computed = {
+        n: after[n].prompt_tokens_computed - before[n].prompt_tokens_computed for n in after
+    }
+    return Staged(warm, extended, pulled, received, computed)
+
+
+def test_a_prefix_cached_on_one_node_is_pulled_not_recomputed(gstack: GlobalStack) -> None:
+    """The node that holds a prefix refuses a question while it computes an extension of it
+    (one prompt at a time in this stack), so another node answers it: that node must pull the
+    prefix (bytes received) and compute only the tokens no node had (prompt tokens computed,
+    summed over the nodes, are exactly the uncached ones).
+
+    A fast host can finish the extension before the question is placed; then the holder
+    answers both and nothing needed pulling, so the scene is staged again on a new prefix with
+    a longer extension (the longest, with its prefix, is about 7,500 of the model's 8,192
+    tokens)."""
+    attempts = (("mountains", 150), ("volcanoes", 300), ("plateaus", 400))
+    for topic, lines in attempts:
+        staged = stage_beside_an_extension(gstack, topic, lines)
+        if staged.on_two_nodes:
+            break
+    else:
+        pytest.fail(f"the holder finished every extension before its question: {staged}")
+    extension, pulled = staged.extension, staged.pulled
     # Fetched, not computed: over the transfer layer from the holder's pool, or from tierd's
     # copy on this host, which placement prices lower when it has written the prefix already.
-    assert received > 0 or pulled.below_dram_tokens > 0, (received, pulled)
+    assert staged.received > 0 or pulled.below_dram_tokens > 0, staged
     uncached = [a.prompt_tokens - a.cached_tokens for a in (extension, pulled)]
-    assert computed == sum(uncached), (computed, extension, pulled)
+    assert sum(staged.computed.values()) == sum(uncached), staged
     assert pulled.cached_tokens >= pulled.prompt_tokens - 64
-    assert extension.cached_tokens >= warm.prompt_tokens - 64
+    assert extension.cached_tokens >= staged.warm.prompt_tokens - 64
+    question = document(topic, 50) + " Which note mentions entry 5?"
     reference = ask(gstack.client(BOB_KEY), question)  # another tenant: computed cold
     assert reference.cached_tokens < BLOCK and reference.text == pulled.text
 

@@ -121,18 +121,17 @@ class SchedulerHandlers:
         effect = offers.next(time.monotonic())
         while isinstance(effect, Offer):
             placement = effect.placement
-            if log.isEnabledFor(logging.DEBUG):
-                line = explain(
-                    self.view, request.request_id, placement, offers.holders, time.monotonic()
+            if log.isEnabledFor(logging.DEBUG):  # explaining walks the whole view
+                now = time.monotonic()
+                log.debug(
+                    "%s", explain(self.view, request.request_id, placement, offers.holders, now)
                 )
-                log.debug("%s", line)
             await self.prefetcher.prefetch(placement, hashes, prefetched)
             offered = time.monotonic()
             outcome = offers.answer(await self._offer(effect, request))
             if isinstance(outcome, Accepted):
-                return self._accepted(
-                    request, outcome, offers, hashes, offered - started - offering, offered
-                )
+                placed_s = offered - started - offering
+                return self._accepted(outcome, offers, hashes, placed_s, offered)
             if isinstance(outcome, Refused):
                 return self._refused(request, outcome)
             await self._withdraw(outcome, request)
@@ -162,14 +161,9 @@ class SchedulerHandlers:
             await self.bus.publish(subjects.ABORTS, seal_abort(abort, request.stream_key))
 
     def _accepted(
-        self,
-        request: GenerateRequest,
-        accepted: Accepted,
-        offers: Offers,
-        hashes: list[BlockHash],
-        placed_s: float,
+        self, accepted: Accepted, offers: Offers, hashes: list[BlockHash], placed_s: float,
         offered: float,
-    ) -> SubmitReply:
+    ) -> SubmitReply:  # fmt: skip
         placement = accepted.placement
         tracing.record("placement", tracing.current(), placed_s, ago_s=time.monotonic() - offered)
         self.metrics.placed(placement, offers.query.ask)

@@ -127,3 +127,12 @@ def test_roles_use_only_what_the_node_context_offers() -> None:
         if name not in members
     ]
     assert offenders == []
+
+
+#: Files that only wire or translate stay small enough to read at once.
+THIN = ("shared/node/runtime.py", "services/scheduler/handlers.py")
+
+
+def test_the_runtime_and_the_scheduler_adapter_stay_under_200_lines() -> None:
+    sizes = {f: len((ROOT / f).read_text(encoding="utf-8").splitlines()) for f in THIN}
+    assert all(n < 200 for n in sizes.values()), sizes

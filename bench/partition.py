@@ -31,6 +31,7 @@ from bench.chaos import Harness, Live, open_harness, stories
 from bench.faults import Stack, Tally
 from crescent.certs import LOOPBACK_IPS, write_cert
 from crescent.nats_tls import tls_section
+from crescent.processes import spawn
 from crescent.procfs import environ_of
 from shared.tls import TlsSettings
 
@@ -103,19 +104,19 @@ def start(data_dir: Path, cache_dir: Path) -> Partitioned:
         nats.kill()  # nothing else would stop it
         nats.wait()
         raise
-    node_env = environ_of(stack.children()["decode-0"]) | {
+    beside = stack.children()["decode-0"]
+    node_env = environ_of(beside) | {
         "CRESCENT_NODE_ID": NODE,
         "CRESCENT_CHILD_NAME": NODE,
         "CRESCENT_TRANSFER_HOST": NODE_IP,
         "CRESCENT_CACHEMETA_URL": "",  # cachemeta listens on the host's loopback only
     }
-    log = (data_dir / f"{NODE}.log").open("ab")
-    node = subprocess.Popen(
-        netns.inside(NS, [sys.executable, "-m", "services.decode"]),
-        env=node_env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    # Started as `crescent up` started the node beside it: its own scheduling group, at the
+    # same priority. Above it, the cut-off node (still decoding, unheard) would take the CPU
+    # from the node that has to finish its streams, on a host with a core to spare or not.
+    argv = netns.inside(NS, [sys.executable, "-m", "services.decode"])
+    nice = os.getpriority(os.PRIO_PROCESS, beside)
+    node = spawn(NODE, argv, node_env, data_dir, nice=nice).proc
     return Partitioned(stack, node, nats, tls)
 
 

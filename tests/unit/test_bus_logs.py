@@ -51,9 +51,11 @@ def test_a_handlers_log_lines_carry_the_delivered_requests_id(tmp_path: Path) ->
         await sender.publish(
             subjects.prefill_tasks("p0"), PrefillTask(request=request, decode_nodes=["d0"])
         )
+        await sender.flush()  # the server has the task before the wait starts counting
         await asyncio.wait_for(took.wait(), 10)
         chunk = TokenChunk(request_id="chatcmpl-7-0", index=0, token_ids=[3])
         await sender.publish(subjects.tokens("chatcmpl-7-0"), chunk)
+        await sender.flush()
         await asyncio.wait_for(done.wait(), 10)
         log.info("outside any request")
         await sender.close()

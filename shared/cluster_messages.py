@@ -42,6 +42,8 @@ Ratio = Annotated[float, Meta(ge=0.0, le=1e6)]
 MAX_FINISHING = 256
 #: Nodes a scheduler's heartbeat gives the saturation of at most.
 MAX_SATURATION_NODES = 4096
+#: Requests a decode node's heartbeat names as arrived since its last one, at most.
+MAX_ARRIVED = 256
 
 
 class TaskAck(WireMessage, kw_only=True):
@@ -167,7 +169,10 @@ class NodeStatus(WireMessage, kw_only=True):
     predictions are off on this node. ``local_prefill`` (decode nodes): it takes prefill
     tasks of its own (``subjects.local_tasks``); ``handoff_samples`` (decode nodes):
     ``[blocks pulled, seconds]`` of the hand-offs completed since the last beat, from the
-    first token on the prefill node to the sequence running here.
+    first token on the prefill node to the sequence running here. ``arrived`` (decode nodes):
+    the ids of the requests it accepted since its last beat (hand-offs and prompts of its
+    own, at most ``MAX_ARRIVED``, the newest), finished since or not: the scheduler stops
+    counting them as on their way there, whatever their predicted arrival.
     ``saturation`` and ``role_saturation`` (schedulers): each live prefill and decode node's
     ratio to its role's objective (at most 4096, the most saturated), and each role's figure:
     what the scheduler's gauges ``crescent_saturation`` and ``crescent_role_saturation``
@@ -224,6 +229,7 @@ class NodeStatus(WireMessage, kw_only=True):
     handoff_samples: Annotated[
         list[tuple[Annotated[int, Meta(ge=0, le=MAX_BLOCKS)], Seconds]], Meta(max_length=64)
     ] = msgspec.field(default_factory=list)
+    arrived: Annotated[list[Id], Meta(max_length=MAX_ARRIVED)] = msgspec.field(default_factory=list)
     saturation: Annotated[dict[Id, Ratio], Meta(max_length=MAX_SATURATION_NODES)] = msgspec.field(
         default_factory=dict
     )

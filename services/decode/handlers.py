@@ -132,6 +132,7 @@ class DecodeRole:
         status.running_seqs += len(self.receiver.waiting())
         status.handoff_samples = list(self.receiver.samples)
         self.receiver.samples.clear()
+        status.arrived = self.node.requests.take_accepted()
         if self.local is not None:
             self.local.describe(status)
 

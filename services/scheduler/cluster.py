@@ -112,11 +112,12 @@ class ClusterView:
     placements on each decode node.
 
     Invariants: a heartbeat resets the prompt tokens placed on its node (its queue now counts
-    them) and forgets the arrivals due by then (its own counts include them); a heartbeat with
-    a new epoch (a restart) also forgets every arrival due there and every request its
-    prefill node was computing. Every indexed request id is in exactly one ``Arrivals``.
-    ``prefill_index`` holds every prefill node as last updated; ``decode_index`` every decode
-    node unless it is out of date with ``timing`` (``decode_search`` brings it up to date).
+    them) and forgets the arrivals due by then and those it names as arrived (its own counts
+    include them); a heartbeat with a new epoch (a restart) also forgets every arrival due
+    there and every request its prefill node was computing. Every indexed request id is in
+    exactly one ``Arrivals``. ``prefill_index`` holds every prefill node as last updated;
+    ``decode_index`` every decode node unless it is out of date with ``timing``
+    (``decode_search`` brings it up to date).
     """
 
     heartbeat_timeout_s: float = 3.0
@@ -132,8 +133,9 @@ class ClusterView:
     prefill_index: PrefillIndex = field(default_factory=PrefillIndex)
     decode_index: DecodeIndex = field(default_factory=DecodeIndex)
 
-    def update(self, node: NodeLoad) -> None:
-        """Takes a node's heartbeat (a new ``NodeLoad``, or the same one with new values)."""
+    def update(self, node: NodeLoad, arrived: Collection[str] = ()) -> None:
+        """Takes a node's heartbeat (a new ``NodeLoad``, or the same one with new values) and
+        the ids of the requests it says reached it since its last one."""
         node_id = node.node_id
         old = self.nodes.get(node_id)
         if node.finishing or type(node.finishing) is not tuple:
@@ -149,7 +151,17 @@ class ClusterView:
             arrivals = self._arrivals.get(node_id)
             if arrivals is not None and arrivals.entries:
                 self._unindex(arrivals.drop_until(node.last_seen))
+        for request_id in arrived:
+            self._arrived(request_id)
         self._reindex(node)
+
+    def _arrived(self, request_id: str) -> None:
+        """A decode node took the request: its own counts hold it from now on, however late
+        its predicted arrival (a busy host's predictions run long). Whichever decode node it
+        was placed on: a prefill node may have handed it to another."""
+        entry = self._by_request.pop(request_id, None)
+        if entry is not None:
+            self._arrivals[entry.decode_node].remove(entry)
 
     def _reindex(self, node: NodeLoad) -> None:
         role = node.role

@@ -50,7 +50,7 @@ class ClusterFeed:
         known = self.view.nodes.get(status.node_id)
         if known is not None and known.epoch != status.epoch:
             self.recent.forget(status.node_id)  # a restarted node's pool starts empty
-        self.view.update(node_load(status, now))
+        self.view.update(node_load(status, now), status.arrived if status.role == "decode" else ())
         if status.role != TIERD:  # a tierd runs no engine: no steps to time, no TTFTs
             self.view.timing.add(status.node_id, status.role, status.step_samples)
             self.view.calibration.add(status.node_id, status.ttft_samples, now)

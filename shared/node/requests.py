@@ -14,12 +14,13 @@ Any active stage may end in DONE by an error, an abort or a migration.
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
+from shared.cluster_messages import MAX_ARRIVED
 from shared.messages import ReplayReply, TokenLogprob
 from shared.node.decode_timer import DecodeTimer
 
@@ -110,6 +111,9 @@ class RequestTable:
         self._done: OrderedDict[str, NodeRequest] = OrderedDict()
         #: Requests ended, by outcome (a finish reason, ``error``, ``abort``...), for metrics.
         self.outcomes: Counter[str] = Counter()
+        # Ids accepted since ``take_accepted`` last ran: a decode node's heartbeat names them
+        # so the scheduler stops counting them as on their way (the newest are kept).
+        self._accepted: deque[str] = deque(maxlen=MAX_ARRIVED)
 
     # -- reading ------------------------------------------------------------------------
 
@@ -126,6 +130,12 @@ class RequestTable:
     def count(self, *stages: Stage) -> int:
         done = len(self._done) if Stage.DONE in stages else 0
         return done + sum(1 for r in self._active.values() if r.stage in stages)
+
+    def take_accepted(self) -> list[str]:
+        """The ids accepted since the last call (at most ``MAX_ARRIVED``, the newest)."""
+        taken = list(self._accepted)
+        self._accepted.clear()
+        return taken
 
     def active_ids(self) -> list[str]:
         return [r.request_id for r in self]
@@ -173,6 +183,7 @@ class RequestTable:
         request.stage = Stage.QUEUED
         self._done.pop(request.request_id, None)
         self._active[request.request_id] = request
+        self._accepted.append(request.request_id)
         return request
 
     def admitted(self, request_id: str) -> NodeRequest | None:

@@ -51,6 +51,9 @@ def test_a_local_task_is_served_by_the_decode_node_alone_with_the_same_tokens(
             await wait_for_condition(
                 lambda: any(b.handoff_samples for b in beats), "a beat with the hand-off timing"
             )
+            await wait_for_condition(
+                lambda: any("r-local-again" in b.arrived for b in beats), "the repeat named"
+            )
             block_size = decode.engine.config.block_size
             received = decode.puller.bytes_received
             sent = cluster.prefills["p0"].node.server.bytes_sent
@@ -75,6 +78,9 @@ def test_a_local_task_is_served_by_the_decode_node_alone_with_the_same_tokens(
         assert beats and all(b.local_prefill for b in beats)
         samples = [s for b in beats for s in b.handoff_samples]
         assert [blocks for blocks, _ in samples] == [-(-40 // block_size)]
+        # Each request is named once, in the beat after it reached the node, ended or not.
+        named = [rid for b in beats for rid in b.arrived]
+        assert named == ["r-remote", "r-local", "r-local-again"]
         assert all(seconds > 0 for _, seconds in samples)
         # The repeat found the prompt in the decode node's own pool (it decoded it before), all
         # but its last token, which is always computed.

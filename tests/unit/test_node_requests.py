@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from shared.cluster_messages import MAX_ARRIVED
 from shared.messages import TokenLogprob
 from shared.node.requests import DONE_TTL_S, NodeRequest, RequestTable, Stage, StageError
 
@@ -105,3 +106,16 @@ def test_requests_are_grouped_by_gateway_and_deadline() -> None:
     assert table.by_gateway() == {"gw1": ["a"], "gw2": ["b"]}
     assert table.overdue(200.0) == ["a"]  # no deadline (0) never expires
     assert table.count(Stage.QUEUED) == 3 and table.active_ids() == ["a", "b", "d"]
+
+
+def test_the_ids_accepted_since_the_last_take_are_taken_once_the_newest_kept() -> None:
+    table = RequestTable()
+    accept(table, "a")
+    accept(table, "b")
+    table.finished("a", 1.0, "stop")  # ended before the heartbeat: it still arrived
+    assert table.take_accepted() == ["a", "b"]
+    assert table.take_accepted() == []
+    for i in range(MAX_ARRIVED + 5):
+        accept(table, f"r{i}")
+    taken = table.take_accepted()
+    assert len(taken) == MAX_ARRIVED and taken[-1] == f"r{MAX_ARRIVED + 4}"

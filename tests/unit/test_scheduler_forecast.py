@@ -104,6 +104,23 @@ def test_a_heartbeat_forgets_the_requests_due_before_it() -> None:
     assert not v.withdraw("a")  # arrived: the node counts it now
 
 
+def test_a_heartbeat_forgets_the_requests_it_names_as_arrived_however_late_they_were_due() -> None:
+    # A busy host's predictions run long: a request due 9 s on may be done in one.
+    v = view(decode(), decode("d2"))
+    v.record(flight("a", NOW + 9.0))
+    v.record(flight("b", NOW + 9.0, blocks=3, tokens=50))
+    v.record(flight("c", NOW + 9.0, blocks=4, tokens=70))
+    # "b" went to d2 instead (a prefill node hands over to any ranked decode node), and
+    # "unknown" was never placed here or was withdrawn: neither matters to d.
+    v.update(decode(last_seen=NOW + 1.0), ("a", "unknown"))
+    v.update(decode("d2", last_seen=NOW + 1.0), ("b",))
+    arrivals = v.arrivals("d")
+    assert [e.request_id for e in arrivals.entries] == ["c"]
+    assert (arrivals.seqs, arrivals.blocks, arrivals.tokens) == (1, 4, 70)
+    assert v.arriving_by("d", NOW + 10.0) == (1, 70)
+    assert not v.withdraw("a") and not v.withdraw("b") and v.withdraw("c")
+
+
 def test_withdrawing_uncounts_a_request_everywhere() -> None:
     v = view(decode(), NodeLoad("p", "prefill", 0, 0, 10, 10, 32, NOW - 0.5))
     v.record(flight("a", NOW + 1))

@@ -151,17 +151,12 @@ class ClusterView:
             arrivals = self._arrivals.get(node_id)
             if arrivals is not None and arrivals.entries:
                 self._unindex(arrivals.drop_until(node.last_seen))
+        # Taken there, the node counts them itself, however late their predicted arrival (a
+        # busy host's predictions run long), and wherever they were placed (a prefill node may
+        # hand over to another ranked decode node); their prefill is done or counted there.
         for request_id in arrived:
-            self._arrived(request_id)
+            self.withdraw(request_id)
         self._reindex(node)
-
-    def _arrived(self, request_id: str) -> None:
-        """A decode node took the request: its own counts hold it from now on, however late
-        its predicted arrival (a busy host's predictions run long). Whichever decode node it
-        was placed on: a prefill node may have handed it to another."""
-        entry = self._by_request.pop(request_id, None)
-        if entry is not None:
-            self._arrivals[entry.decode_node].remove(entry)
 
     def _reindex(self, node: NodeLoad) -> None:
         role = node.role
@@ -292,7 +287,8 @@ class ClusterView:
 
     def withdraw(self, request_id: str) -> bool:
         """Uncounts a placed request that will not arrive (its task was refused or never
-        acknowledged, or it was aborted); False when it is not counted anywhere."""
+        acknowledged, or it was aborted) or that a decode node says arrived; False when it is
+        not counted anywhere."""
         entry = self._by_request.pop(request_id, None)
         if entry is None:
             return False
